@@ -1,0 +1,47 @@
+# Every target works on a fresh machine with only Python and make:
+# it creates .venv if missing and installs the package with the extras it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: test demo bench docs lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# One stamp per extras set, redone whenever pyproject.toml changes.
+$(VENV)/.stamp-%: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e ".[$*]"
+	touch $@
+
+$(VENV)/.stamp-base: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
+test: $(VENV)/.stamp-test
+	$(PY) -m pytest
+
+demo: $(VENV)/.stamp-base
+	$(PY) examples/sparse_linear_regression.py
+	$(PY) examples/adagrad_semantics.py
+
+# torch is pinned first so that pip takes the CPU build (a bare `torch` would pull
+# several GB of CUDA wheels); it is never a dependency of the package or the tests.
+$(VENV)/.stamp-torch: | $(PY)
+	$(PIP) install --quiet torch==2.13.0 || echo "torch unavailable: its contenders will be skipped"
+	touch $@
+
+bench: $(VENV)/.stamp-torch $(VENV)/.stamp-bench
+	$(PY) benchmarks/run_all.py
+
+docs: $(VENV)/.stamp-docs
+	$(VENV)/bin/mkdocs build --strict
+
+lint: $(VENV)/.stamp-lint
+	$(VENV)/bin/ruff check jaxsparse_rows tests examples benchmarks
+	$(VENV)/bin/ruff format --check jaxsparse_rows tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) site .pytest_cache

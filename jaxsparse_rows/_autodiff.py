@@ -1,0 +1,115 @@
+"""``grad`` / ``value_and_grad`` that differentiate RowSparse arguments with
+respect to their stored rows only, and return row-sparse gradients."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from ._rowsparse import RowSparse, mask_padding
+
+
+def _is_rsp(x: Any) -> bool:
+    return isinstance(x, RowSparse)
+
+
+def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    for a in nums:
+        if not isinstance(a, int) or not -nargs <= a < nargs:
+            raise ValueError(
+                f"`argnums` {argnums!r} is out of range for a function called with {nargs} "
+                "positional arguments."
+            )
+    return tuple(a % nargs for a in nums)
+
+
+def value_and_grad(
+    fun: Callable[..., Any],
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+) -> Callable[..., Any]:
+    """Like ``jax.value_and_grad``, with row-sparse gradients for RowSparse inputs.
+
+    Every RowSparse inside the differentiated arguments (at any depth of a
+    pytree) is differentiated with respect to its ``data`` only; its gradient
+    comes back as a RowSparse with the same ``indices`` and shape, padding
+    slots holding zero. Dense leaves behave exactly as with ``jax``. Nothing of
+    shape ``[V, ...]`` is built for a RowSparse view of a ``[V, ...]`` table.
+
+    Args:
+      fun: function returning a scalar (and an aux value if ``has_aux``).
+      argnums: which positional argument(s) to differentiate.
+      has_aux: as in ``jax.value_and_grad``.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> table = jnp.ones((1000, 2))
+      >>> rows = jsr.pull_rows(table, jnp.array([3, 7, 3]))
+      >>> loss = lambda r: jnp.sum(jsr.take(r, jnp.array([3, 7, 3])) ** 2)
+      >>> value, g = jsr.value_and_grad(loss)(rows)
+      >>> value, g, g.indices[:2], g.data[:2]
+      (Array(6., dtype=float32), RowSparse(float32[1000, 2], rows=2, capacity=3), Array([3, 7], dtype=int32), Array([[4., 4.],
+             [2., 2.]], dtype=float32))
+    """
+
+    @functools.wraps(fun)
+    def wrapped(*args: Any, **kwargs: Any):
+        nums = _normalize_argnums(argnums, len(args))
+        diff = tuple(args[i] for i in nums)
+        leaves, treedef = jax.tree.flatten(diff, is_leaf=_is_rsp)
+        primals = [leaf.data if _is_rsp(leaf) else leaf for leaf in leaves]
+
+        def inner(flat_primals):
+            rebuilt = [
+                RowSparse._make(p, leaf.indices, leaf.shape) if _is_rsp(leaf) else p
+                for p, leaf in zip(flat_primals, leaves, strict=True)
+            ]
+            new_diff = jax.tree.unflatten(treedef, rebuilt)
+            call_args = list(args)
+            for i, value in zip(nums, new_diff, strict=True):
+                call_args[i] = value
+            return fun(*call_args, **kwargs)
+
+        value, grads = jax.value_and_grad(inner, has_aux=has_aux)(primals)
+        out = [
+            RowSparse._make(mask_padding(g, leaf.indices, leaf.shape[0]), leaf.indices, leaf.shape)
+            if _is_rsp(leaf)
+            else g
+            for g, leaf in zip(grads, leaves, strict=True)
+        ]
+        grad_tree = jax.tree.unflatten(treedef, out)
+        return value, (grad_tree[0] if isinstance(argnums, int) else grad_tree)
+
+    return wrapped
+
+
+def grad(
+    fun: Callable[..., Any],
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+) -> Callable[..., Any]:
+    """Like ``jax.grad``, with row-sparse gradients for RowSparse inputs.
+
+    See :func:`value_and_grad`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> rows = jsr.pull_rows(jnp.ones((10, 2)), jnp.array([2, 5]))
+      >>> g = jsr.grad(lambda r, w: jnp.sum(jsr.take(r, jnp.array([5])) * w))(rows, 3.0)
+      >>> g.indices, g.data
+      (Array([2, 5], dtype=int32), Array([[0., 0.],
+             [3., 3.]], dtype=float32))
+    """
+    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+
+    @functools.wraps(fun)
+    def wrapped(*args: Any, **kwargs: Any):
+        value, g = vg(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
+
+    return wrapped
+

@@ -1,0 +1,88 @@
+"""Run-time validation of sparse invariants, usable eagerly and with checkify."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from ._csr import CSR
+from ._rowsparse import RowSparse
+from ._util import is_concrete
+
+
+def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
+    n = x.shape[0]
+    idx = x.indices
+    conds = [
+        (jnp.all(idx >= 0), "RowSparse `indices` must be >= 0 (negative ids wrap)."),
+        (jnp.all(idx <= n), f"RowSparse `indices` must be <= N = {n} (N marks padding)."),
+    ]
+    if x.capacity > 1:
+        real_next = idx[1:] < n
+        conds.append((
+            jnp.all(jnp.where(real_next, idx[1:] > idx[:-1], True)),
+            "RowSparse `indices` must be sorted ascending without duplicates, with padding "
+            "(id N) only at the end.",
+        ))
+    pad = idx >= n
+    pad_mask = pad.reshape(pad.shape + (1,) * (x.ndim - 1))
+    conds.append((jnp.all(jnp.where(pad_mask, x.data == 0, True)),
+                  "RowSparse padding slots must hold zero `data`."))
+    return conds
+
+
+def _csr_conditions(x: CSR) -> list[tuple[Any, str]]:
+    m, n = x.shape
+    ptr = x.indptr
+    rows = x.row_ids()
+    real = rows < m
+    conds = [
+        (ptr[0] == 0, "CSR `indptr[0]` must be 0."),
+        (jnp.all(ptr[1:] >= ptr[:-1]), "CSR `indptr` must be non-decreasing."),
+        (ptr[-1] <= x.nse, "CSR `indptr[-1]` must not exceed the capacity nse."),
+        (jnp.all(jnp.where(real, (x.indices >= 0) & (x.indices < n), True)),
+         f"CSR column ids must lie in [0, {n})."),
+        (jnp.all(jnp.where(real, True, (x.indices == n) & (x.data == 0))),
+         f"CSR padding slots must carry column id {n} and zero `data`."),
+    ]
+    if x.nse > 1:
+        same_row = (rows[1:] == rows[:-1]) & real[1:]
+        conds.append((jnp.all(jnp.where(same_row, x.indices[1:] > x.indices[:-1], True)),
+                      "CSR column ids must be sorted ascending without duplicates in each row."))
+    return conds
+
+
+def check(x: Any) -> None:
+    """Validates the invariants of a RowSparse or CSR array.
+
+    Eagerly, a violation raises ``ValueError`` with the reason. Under
+    ``jax.jit`` the values are unknown at trace time, so the conditions are
+    emitted as ``checkify.check`` calls: wrap the function with
+    ``jax.experimental.checkify.checkify`` and call ``err.throw()``.
+
+    What the constructors check without this: shapes and dtypes always; index
+    values only when they are concrete.
+
+    Example:
+      >>> import jax, jaxsparse_rows as jsr
+      >>> from jax.experimental import checkify
+      >>> bad = jsr.RowSparse._make(jax.numpy.ones((2, 1)), jax.numpy.array([3, 1]), (4, 1))
+      >>> err, _ = checkify.checkify(jax.jit(jsr.check))(bad)
+      >>> print(err.get())  # doctest: +ELLIPSIS
+      RowSparse `indices` must be sorted ascending ...
+    """
+    if isinstance(x, RowSparse):
+        conds = _rowsparse_conditions(x)
+    elif isinstance(x, CSR):
+        conds = _csr_conditions(x)
+    else:
+        raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
+    concrete = all(is_concrete(c) for c, _ in conds)
+    for cond, message in conds:
+        if concrete:
+            if not bool(cond):
+                raise ValueError(message)
+        else:
+            checkify.check(cond, message)

@@ -1,0 +1,462 @@
+"""The ``CSR`` matrix: 2-D compressed sparse rows (MXNet's ``CSRNDArray``) as a
+JAX pytree with a static entry capacity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from ._rowsparse import _as_index_array, _as_shape
+from ._util import capacity_check, check_static_int, index_dtype, is_concrete, shape_str
+
+
+def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
+    """Row id of every entry slot; slots past ``indptr[-1]`` (padding) get ``M``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> csr_row_ids(jnp.array([0, 2, 2, 3]), 4)
+      Array([0, 0, 2, 3], dtype=int32)
+    """
+    idt = index_dtype()
+    if nse == 0:
+        return jnp.zeros((0,), idt)
+    marks = jnp.zeros((nse,), idt).at[indptr[1:]].add(1, mode="drop")
+    return jnp.cumsum(marks, dtype=idt)
+
+
+def _validate_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
+    m, n = shape
+    nse = len(indices)
+    if indptr[0] != 0:
+        raise ValueError(f"`indptr[0]` must be 0, got {int(indptr[0])}.")
+    if np.any(np.diff(indptr) < 0):
+        pos = int(np.nonzero(np.diff(indptr) < 0)[0][0])
+        raise ValueError(
+            f"`indptr` must be non-decreasing, got indptr[{pos}] = {int(indptr[pos])} > "
+            f"indptr[{pos + 1}] = {int(indptr[pos + 1])}."
+        )
+    nnz = int(indptr[-1])
+    if nnz > nse:
+        raise ValueError(
+            f"`indptr[-1]` = {nnz} exceeds the number of stored entries len(indices) = {nse}."
+        )
+    real = indices[:nnz]
+    if real.size and (real.min() < 0 or real.max() >= n):
+        bad = int(real[(real < 0) | (real >= n)][0])
+        raise ValueError(f"`indices` (column ids) must lie in [0, {n}), got {bad}.")
+    if nnz > 1:
+        rows = np.repeat(np.arange(m), np.diff(indptr))
+        same_row = rows[1:] == rows[:-1]
+        bad = same_row & (real[1:] <= real[:-1])
+        if np.any(bad):
+            pos = int(np.nonzero(bad)[0][0])
+            raise ValueError(
+                f"column ids must be sorted ascending without duplicates within each row; "
+                f"row {int(rows[pos])} has {int(real[pos])} then {int(real[pos + 1])}. Use "
+                "`jsr.csr_matrix` to canonicalise."
+            )
+    if nnz < nse:
+        if np.any(indices[nnz:] != n):
+            raise ValueError(
+                f"padding slots past indptr[-1] = {nnz} must carry column id {n} (the column "
+                f"count), got {indices[nnz:].tolist()}."
+            )
+        if np.any(data[nnz:] != 0):
+            raise ValueError(f"padding slots past indptr[-1] = {nnz} must hold zero `data`.")
+
+
+@jax.tree_util.register_pytree_node_class
+class CSR:
+    """A 2-D compressed-sparse-row matrix with a static entry capacity ``nse``.
+
+    Row ``r`` holds entries ``indptr[r]:indptr[r+1]`` of ``data``/``indices``
+    (column ids, sorted within each row). Slots past ``indptr[-1]`` are padding:
+    column id ``shape[1]`` and zero data. The constructor is strict; use
+    :func:`csr_matrix` to canonicalise unsorted or duplicated input.
+
+    Args:
+      data: ``[nse]`` values.
+      indices: ``[nse]`` integer column ids.
+      indptr: ``[M + 1]`` integer row pointers.
+      shape: ``(M, K)``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> x = jsr.CSR([7., 8., 9.], [0, 2, 1], [0, 2, 2, 3], shape=(3, 5))
+      >>> x
+      CSR(float32[3, 5], nnz=3)
+      >>> x.asnumpy()
+      array([[7., 0., 8., 0., 0.],
+             [0., 0., 0., 0., 0.],
+             [0., 9., 0., 0., 0.]], dtype=float32)
+    """
+
+    stype = "csr"
+    __array_priority__ = 1000
+    __hash__ = None  # type: ignore[assignment]
+
+    data: jax.Array
+    indices: jax.Array
+    indptr: jax.Array
+    shape: tuple[int, int]
+
+    def __init__(
+        self, data: ArrayLike, indices: ArrayLike, indptr: ArrayLike, shape: Sequence[int]
+    ):
+        shape = _as_shape(shape)
+        if len(shape) != 2:
+            raise ValueError(f"CSR `shape` must be 2-D (M, K), got {shape}.")
+        if not isinstance(data, jax.Array):
+            data = np.asarray(data)
+            if data.dtype == np.float64 and not jax.config.jax_enable_x64:
+                data = data.astype(np.float32)
+        data = jnp.asarray(data)
+        indices = _as_index_array(indices, "indices")
+        indptr = _as_index_array(indptr, "indptr")
+        if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
+            raise ValueError(
+                "CSR `data`, `indices` and `indptr` must be 1-D, got shapes "
+                f"{tuple(data.shape)}, {tuple(indices.shape)}, {tuple(indptr.shape)}."
+            )
+        if data.shape[0] != indices.shape[0]:
+            raise ValueError(
+                f"`data` and `indices` must have the same length, got {data.shape[0]} and "
+                f"{indices.shape[0]}."
+            )
+        if indptr.shape[0] != shape[0] + 1:
+            raise ValueError(
+                f"`indptr` must have M + 1 = {shape[0] + 1} entries, got {indptr.shape[0]}."
+            )
+        if is_concrete(data, indices, indptr):
+            _validate_csr(np.asarray(data), np.asarray(indices), np.asarray(indptr), shape)
+        self.data, self.indices, self.indptr, self.shape = data, indices, indptr, shape
+
+    @classmethod
+    def _make(cls, data, indices, indptr, shape) -> CSR:
+        obj = object.__new__(cls)
+        obj.data, obj.indices, obj.indptr, obj.shape = data, indices, indptr, tuple(shape)
+        return obj
+
+    def tree_flatten(self):
+        return (self.data, self.indices, self.indptr), self.shape
+
+    @classmethod
+    def tree_unflatten(cls, shape, children):
+        return cls._make(*children, shape)
+
+    def __reduce__(self):
+        arrays = (np.asarray(self.data), np.asarray(self.indices), np.asarray(self.indptr))
+        return (CSR._make, (*arrays, self.shape))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nse(self) -> int:
+        """Static entry capacity (stored entries plus padding)."""
+        return self.data.shape[0]
+
+    @property
+    def nnz(self) -> jax.Array:
+        """Number of stored (non-padding) entries, ``indptr[-1]``."""
+        return self.indptr[-1]
+
+    def row_ids(self) -> jax.Array:
+        """``[nse]`` row id of every entry slot (``M`` for padding)."""
+        return csr_row_ids(self.indptr, self.nse)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        head = shape_str(self.data.dtype, self.shape)
+        if is_concrete(self.indptr) and isinstance(self.indptr, jax.Array | np.ndarray):
+            nnz = int(np.asarray(self.indptr)[-1])
+            extra = "" if nnz == self.nse else f", nse={self.nse}"
+            return f"CSR({head}, nnz={nnz}{extra})"
+        return f"CSR({head}, nse={self.nse})"
+
+    def todense(self) -> jax.Array:
+        """The dense ``[M, K]`` array.
+
+        Example:
+          >>> import jaxsparse_rows as jsr
+          >>> jsr.csr_matrix(([1., 2.], [1, 0], [0, 1, 2]), shape=(2, 2)).todense()
+          Array([[0., 1.],
+                 [2., 0.]], dtype=float32)
+        """
+        rows = self.row_ids()
+        out = jnp.zeros(self.shape, self.data.dtype)
+        return out.at[rows, self.indices].add(self.data, mode="drop")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.asarray(self.todense())
+        return out if dtype is None else out.astype(dtype)
+
+    def asnumpy(self) -> np.ndarray:
+        """The dense matrix as a ``numpy.ndarray``."""
+        return np.asarray(self.todense())
+
+    def astype(self, dtype: Any) -> CSR:
+        """Casts ``data``; structure is kept."""
+        return CSR._make(self.data.astype(dtype), self.indices, self.indptr, self.shape)
+
+    def copy(self) -> CSR:
+        """A new CSR with copied buffers."""
+        return CSR._make(
+            jnp.array(self.data), jnp.array(self.indices), jnp.array(self.indptr), self.shape
+        )
+
+    def tostype(self, stype: str) -> Any:
+        """Converts to ``"default"``, ``"row_sparse"`` or ``"csr"`` storage."""
+        from ._storage import cast_storage
+
+        return cast_storage(self, stype)
+
+    def to_scipy(self):
+        """A ``scipy.sparse.csr_matrix`` with the stored entries (needs scipy)."""
+        from ._interop import to_scipy
+
+        return to_scipy(self)
+
+    @property
+    def T(self):  # noqa: N802
+        raise TypeError(
+            "CSR has no lazy transpose; use `jsr.dot(x, y, transpose_a=True)` for x.T @ y "
+            "(row-sparse result), or `x.todense().T`."
+        )
+
+    def __getitem__(self, key: Any) -> CSR:
+        """Row slicing ``x[a:b]`` (step 1) returns a CSR with the same capacity.
+
+        Example:
+          >>> import jaxsparse_rows as jsr
+          >>> x = jsr.csr_matrix(([7., 8., 9.], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+          >>> x[1:3].asnumpy()
+          array([[0., 0., 0., 0., 0.],
+                 [0., 9., 0., 0., 0.]], dtype=float32)
+        """
+        if isinstance(key, int | np.integer):
+            m = self.shape[0]
+            if not -m <= key < m:
+                raise IndexError(f"row index {key} is out of range for {m} rows.")
+            key = slice(int(key) % m, int(key) % m + 1)
+        if not isinstance(key, slice):
+            raise TypeError(f"CSR supports row slices `x[a:b]` and ints, got {key!r}.")
+        start, stop, step = key.indices(self.shape[0])
+        if step != 1:
+            raise ValueError(f"CSR row slicing needs step 1, got {step}.")
+        stop = max(stop, start)
+        base = self.indptr[start]
+        indptr = self.indptr[start : stop + 1] - base
+        count = indptr[-1]
+        pos = jnp.arange(self.nse, dtype=index_dtype())
+        keep = pos < count
+        src = pos + base
+        data = jnp.where(keep, self.data.at[src].get(mode="fill", fill_value=0), 0)
+        cols = jnp.where(keep, self.indices.at[src].get(mode="fill", fill_value=0), self.shape[1])
+        return CSR._make(data.astype(self.dtype), cols, indptr, (stop - start, self.shape[1]))
+
+    @classmethod
+    def fromdense(cls, x: ArrayLike, nse: int | None = None) -> CSR:
+        """CSR form of a dense 2-D array.
+
+        Exact when ``x`` is concrete. Under ``jax.jit`` the number of non-zeros is
+        unknown while tracing, so ``nse`` (a static capacity) is required; more
+        non-zeros than ``nse`` raise when concrete and fail a
+        ``checkify.debug_check`` under jit.
+
+        Example:
+          >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+          >>> x = jsr.CSR.fromdense(jnp.array([[0., 1.], [2., 0.]]))
+          >>> x.data, x.indices, x.indptr
+          (Array([1., 2.], dtype=float32), Array([1, 0], dtype=int32), Array([0, 1, 2], dtype=int32))
+        """
+        if not isinstance(x, jax.Array):
+            x = jnp.asarray(x)
+        if x.ndim != 2:
+            raise ValueError(f"CSR.fromdense needs a 2-D `x`, got shape {tuple(x.shape)}.")
+        m, n = x.shape
+        idt = index_dtype()
+        if nse is not None:
+            nse = check_static_int(nse, "nse")
+        if is_concrete(x):
+            xn = np.asarray(x)
+            r, c = np.nonzero(xn)
+            cap = len(r) if nse is None else nse
+            if len(r) > cap:
+                raise ValueError(f"`x` has {len(r)} non-zeros, more than `nse` = {cap}.")
+            data = np.zeros((cap,), xn.dtype)
+            data[: len(r)] = xn[r, c]
+            cols = np.full((cap,), n, idt)
+            cols[: len(r)] = c
+            indptr = np.zeros((m + 1,), idt)
+            np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
+            return cls._make(jnp.asarray(data), jnp.asarray(cols), jnp.asarray(indptr), (m, n))
+        if nse is None:
+            raise ValueError(
+                "CSR.fromdense on a traced array (inside jax.jit, vmap, grad...) needs a static "
+                "`nse`: the number of non-zeros is only known at run time and fixes the output "
+                "shape. Pass e.g. `CSR.fromdense(x, nse=k)`."
+            )
+        mask = x != 0
+        r, c = jnp.nonzero(mask, size=nse, fill_value=(m, n))
+        capacity_check(
+            jnp.sum(mask) <= nse, f"CSR.fromdense: `x` has more non-zeros than `nse` = {nse}."
+        )
+        data = x.at[r, c].get(mode="fill", fill_value=0)
+        counts = jnp.sum(mask, axis=1, dtype=idt)
+        indptr = jnp.concatenate([jnp.zeros((1,), idt), jnp.cumsum(counts, dtype=idt)])
+        indptr = jnp.minimum(indptr, nse)
+        return cls._make(data, c.astype(idt), indptr, (m, n))
+
+    # -- operators ----------------------------------------------------------
+    def __neg__(self):
+        from ._elementwise import negative
+
+        return negative(self)
+
+    def __abs__(self):
+        from ._elementwise import abs as abs_
+
+        return abs_(self)
+
+    def __add__(self, other):
+        from ._elementwise import add
+
+        return add(self, other)
+
+    def __radd__(self, other):
+        from ._elementwise import add
+
+        return add(other, self)
+
+    def __sub__(self, other):
+        from ._elementwise import subtract
+
+        return subtract(self, other)
+
+    def __rsub__(self, other):
+        from ._elementwise import subtract
+
+        return subtract(other, self)
+
+    def __mul__(self, other):
+        from ._elementwise import multiply
+
+        return multiply(self, other)
+
+    def __rmul__(self, other):
+        from ._elementwise import multiply
+
+        return multiply(other, self)
+
+    def __truediv__(self, other):
+        from ._elementwise import divide
+
+        return divide(self, other)
+
+    def __rtruediv__(self, other):
+        from ._elementwise import divide
+
+        return divide(other, self)
+
+    def __pow__(self, other):
+        from ._elementwise import power
+
+        return power(self, other)
+
+    def __matmul__(self, other):
+        from ._dot import dot
+
+        return dot(self, other)
+
+    def __rmatmul__(self, other):
+        from ._dot import dot
+
+        return dot(other, self)
+
+
+def csr_matrix(
+    arg: Any, shape: Sequence[int] | None = None, dtype: Any = None
+) -> CSR:
+    """Creates a CSR matrix, MXNet / scipy style.
+
+    ``arg`` is ``(data, indices, indptr)``, a dense 2-D array-like, a CSR, or a
+    ``scipy.sparse`` matrix. With concrete input, column ids are sorted within
+    each row and duplicates summed.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> x = jsr.csr_matrix(([1., 2., 3.], [2, 0, 0], [0, 3, 3]), shape=(2, 3))
+      >>> x.data, x.indices
+      (Array([5., 1.], dtype=float32), Array([0, 2], dtype=int32))
+    """
+    if isinstance(arg, CSR):
+        if shape is not None and tuple(shape) != arg.shape:
+            raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {arg.shape}.")
+        return arg.astype(dtype) if dtype is not None else arg
+    if type(arg).__module__.startswith("scipy.sparse"):
+        from ._interop import from_scipy
+
+        out = from_scipy(arg)
+        return out.astype(dtype) if dtype is not None else out
+    if not isinstance(arg, tuple):
+        return CSR.fromdense(jnp.asarray(arg, dtype=dtype))
+    if len(arg) != 3:
+        raise ValueError(
+            f"`arg` must be a (data, indices, indptr) triple, got a tuple of {len(arg)}."
+        )
+    if shape is None:
+        raise ValueError("`shape` is required when creating a CSR from (data, indices, indptr).")
+    shape = _as_shape(shape)
+    data, indices, indptr = arg
+    if isinstance(data, list | tuple) and dtype is None:
+        dtype = jnp.float32  # MXNet: Python lists default to float32
+    if not isinstance(data, jax.Array):
+        data = np.asarray(data, dtype=dtype)
+        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
+            data = data.astype(np.float32)
+    data = jnp.asarray(data, dtype=dtype)
+    indices = _as_index_array(indices, "indices")
+    indptr = _as_index_array(indptr, "indptr")
+    if not is_concrete(data, indices, indptr) or len(shape) != 2 or indptr.ndim != 1:
+        return CSR(data, indices, indptr, shape)
+    ip = np.asarray(indptr)
+    if ip.shape[0] != shape[0] + 1 or ip[0] != 0 or np.any(np.diff(ip) < 0):
+        return CSR(data, indices, indptr, shape)  # the strict constructor explains
+    nnz = int(ip[-1])
+    if data.ndim != 1 or indices.ndim != 1 or data.shape[0] != indices.shape[0] or nnz > len(
+        indices
+    ):
+        return CSR(data, indices, indptr, shape)
+    cols = np.asarray(indices)[:nnz].astype(np.int64)
+    vals = np.asarray(data)[:nnz]
+    if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
+        bad = int(cols[(cols < 0) | (cols >= shape[1])][0])
+        raise ValueError(f"`indices` (column ids) must lie in [0, {shape[1]}), got {bad}.")
+    rows = np.repeat(np.arange(shape[0]), np.diff(ip))
+    key = rows * shape[1] + cols
+    uniq, inverse = np.unique(key, return_inverse=True)
+    summed = np.zeros(len(uniq), vals.dtype)
+    np.add.at(summed, inverse.reshape(-1), vals)
+    new_rows, new_cols = uniq // shape[1], uniq % shape[1]
+    idt = index_dtype()
+    new_ptr = np.zeros(shape[0] + 1, idt)
+    np.cumsum(np.bincount(new_rows, minlength=shape[0]), out=new_ptr[1:])
+    return CSR(jnp.asarray(summed), new_cols.astype(idt), new_ptr, shape)

@@ -1,0 +1,145 @@
+"""``dot`` with storage-type inference (MXNet's ``sparse.dot``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._config import log_inference, warn_fallback
+from ._csr import CSR
+from ._rows import lookup_slots
+from ._rowsparse import RowSparse
+from ._storage import stype
+from ._util import coalesce_rows
+
+
+def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
+    shape = tuple(x.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(f"dot: `{name}` must be 1-D or 2-D, got shape {shape}.")
+    return shape[::-1] if transpose and len(shape) == 2 else shape
+
+
+def _check_inner(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], ta: bool, tb: bool):
+    k_l = lhs_shape[-1]
+    k_r = rhs_shape[0]
+    if k_l != k_r:
+        raise ValueError(
+            f"dot: inner dimensions differ: lhs{' (transposed)' if ta else ''} has shape "
+            f"{lhs_shape} and rhs{' (transposed)' if tb else ''} has shape {rhs_shape} "
+            f"({k_l} != {k_r})."
+        )
+
+
+def _rows_times(rows: jax.Array, scale: jax.Array) -> jax.Array:
+    """``scale[:, None] * rows`` for 2-D rows, ``scale * rows`` for 1-D."""
+    return rows * (scale[:, None] if rows.ndim == 2 else scale)
+
+
+def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False) -> Any:
+    """Matrix product with storage-type inference.
+
+    ===========================================  ==========================
+    call                                         result
+    ===========================================  ==========================
+    ``dot(csr, dense)``                          dense
+    ``dot(csr, dense, transpose_a=True)``        row_sparse (rows = column ids present)
+    ``dot(csr, rsp)``                            dense (unstored rows read 0)
+    ``dot(csr, rsp, transpose_a=True)``          row_sparse
+    ``dot(rsp, dense)``                          row_sparse (same rows)
+    ``dot(rsp, dense, transpose_a=True)``        dense
+    ``dot(dense, csr)``, ``dot(dense, rsp)``     dense
+    ``dot(dense, dense)``                        dense (``jnp.dot``)
+    anything else                                dense, StorageFallbackWarning
+    ===========================================  ==========================
+
+    ``rhs`` may be 1-D (a vector) where it is dense. No ``[K, P]`` dense
+    temporary is built for the row-sparse results, and gradients with respect
+    to the dense operand or to a RowSparse operand's ``data`` stay as small.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> lhs = jsr.csr_matrix(([7., 8., 9.], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+      >>> out = jsr.dot(lhs, jnp.ones((3, 2)), transpose_a=True)
+      >>> out, out.asnumpy()
+      (RowSparse(float32[5, 2], rows=3), array([[7., 7.],
+             [9., 9.],
+             [8., 8.],
+             [0., 0.],
+             [0., 0.]], dtype=float32))
+    """
+    sl, sr = stype(lhs), stype(rhs)
+    if sl == "default":
+        lhs = jnp.asarray(lhs)
+    if sr == "default":
+        rhs = jnp.asarray(rhs)
+    ls = _matrix_shape(lhs, transpose_a, "lhs")
+    rs = _matrix_shape(rhs, transpose_b, "rhs")
+    _check_inner(ls, rs, transpose_a, transpose_b)
+    if sr == "default" and transpose_b and rhs.ndim == 2:
+        rhs = rhs.T
+    elif sr != "default" and transpose_b:
+        return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)
+
+    if sl == "csr" and sr in ("default", "row_sparse"):
+        if sr == "default" or rhs.ndim == 2:
+            out_stype = "row_sparse" if transpose_a else "default"
+            log_inference("dot" + (".T" if transpose_a else ""), (sl, sr), out_stype)
+            return _csr_t_dot(lhs, rhs) if transpose_a else _csr_dot(lhs, rhs)
+    if sl == "row_sparse" and sr == "default" and lhs.ndim == 2:
+        if transpose_a:
+            log_inference("dot.T", (sl, sr), "default")
+            gathered = rhs.at[lhs.indices].get(mode="fill", fill_value=0)
+            return jnp.tensordot(lhs.data, gathered, axes=(0, 0))
+        log_inference("dot", (sl, sr), "row_sparse")
+        out = jnp.tensordot(lhs.data, rhs, axes=(1, 0))
+        return RowSparse._make(out, lhs.indices, (lhs.shape[0],) + tuple(rhs.shape[1:]))
+    if sl == "default" and not transpose_a and lhs.ndim == 2 and sr != "default":
+        log_inference("dot", (sl, sr), "default")
+        if sr == "row_sparse" and rhs.ndim == 2:
+            cols = lhs.at[:, rhs.indices].get(mode="fill", fill_value=0)
+            return cols @ rhs.data
+        if sr == "csr":
+            contrib = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0) * rhs.data
+            out = jnp.zeros((lhs.shape[0], rhs.shape[1]), contrib.dtype)
+            return out.at[:, rhs.indices].add(contrib, mode="drop")
+    if sl == sr == "default":
+        return jnp.dot(lhs.T if transpose_a else lhs, rhs)
+    return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)
+
+
+def _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr):
+    warn_fallback("dot", (sl, sr))
+    a = lhs.todense() if sl != "default" else lhs
+    b = rhs.todense() if sr != "default" else rhs
+    a = a.T if transpose_a else a
+    b = b.T if transpose_b and b.ndim == 2 else b
+    return jnp.dot(a, b)
+
+
+def _csr_rhs_rows(rhs: Any, ids: jax.Array) -> jax.Array:
+    """Rows ``rhs[ids]`` of a dense or RowSparse rhs; out-of-range ids read 0."""
+    if isinstance(rhs, RowSparse):
+        return rhs.data.at[lookup_slots(rhs, ids)].get(mode="fill", fill_value=0)
+    return rhs.at[ids].get(mode="fill", fill_value=0)
+
+
+def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
+    """``lhs @ rhs``: gather rhs rows by column id, scale, segment-sum by row."""
+    m = lhs.shape[0]
+    dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
+    rows = _csr_rhs_rows(rhs, lhs.indices).astype(dtype)
+    contrib = _rows_times(rows, lhs.data.astype(dtype))
+    return jax.ops.segment_sum(contrib, lhs.row_ids(), num_segments=m, indices_are_sorted=True)
+
+
+def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
+    """``lhs.T @ rhs`` as a RowSparse over the column ids present in ``lhs``."""
+    k = lhs.shape[1]
+    dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
+    rows = _csr_rhs_rows(rhs, lhs.row_ids()).astype(dtype)
+    contrib = _rows_times(rows, lhs.data.astype(dtype))
+    idx, data, _ = coalesce_rows(lhs.indices, contrib, k, lhs.nse)
+    return RowSparse._make(data, idx, (k,) + tuple(rhs.shape[1:]))

@@ -1,0 +1,346 @@
+"""Elementwise arithmetic with storage-type inference.
+
+The rules (tested row by row in ``tests/test_elementwise.py`` and listed in
+``docs/storage.md``):
+
+=====================================  ==============================
+expression                             result storage
+=====================================  ==============================
+``rsp * scalar``, ``rsp / scalar``     row_sparse (same rows)
+``-rsp``, zero-preserving unary f      row_sparse (same rows)
+``rsp + rsp``, ``rsp - rsp``           row_sparse (union of rows)
+``rsp * rsp``                          row_sparse (intersection)
+``rsp * dense``, ``dense * rsp``       row_sparse (same rows)
+``rsp + dense``, ``dense + rsp``       dense (scatter-add)
+``csr * scalar``, ``csr / scalar``     csr
+``-csr``, zero-preserving unary f      csr
+``csr + csr``, ``csr - csr``           csr (union of entries)
+``csr * dense``                        csr (same entries)
+``csr + dense``                        dense
+anything else                          dense, StorageFallbackWarning
+=====================================  ==============================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._config import log_inference, warn_fallback
+from ._csr import CSR
+from ._rowsparse import RowSparse
+from ._storage import apply_dense, is_sparse, stype
+from ._util import coalesce_rows, index_dtype, segments_of_sorted
+
+
+def _is_scalar(x: Any) -> bool:
+    if isinstance(x, int | float | complex | np.number | bool):
+        return True
+    return isinstance(x, jax.Array | np.ndarray) and x.ndim == 0
+
+
+def _with_data(x: Any, data: jax.Array) -> Any:
+    if isinstance(x, RowSparse):
+        return RowSparse._make(data, x.indices, x.shape)
+    return CSR._make(data, x.indices, x.indptr, x.shape)
+
+
+def _same_shape(op: str, a: Any, b: Any) -> None:
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(
+            f"{op}: operands must have the same shape, got {tuple(a.shape)} and "
+            f"{tuple(b.shape)}. Sparse operands do not broadcast against each other."
+        )
+
+
+# -- unary ---------------------------------------------------------------------
+def _zero_preserving(fn: Callable[[jax.Array], jax.Array], name: str) -> Callable[[Any], Any]:
+    def op(x: Any) -> Any:
+        if is_sparse(x):
+            log_inference(name, (stype(x),), stype(x))
+            return _with_data(x, fn(x.data))
+        return fn(x)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"""Elementwise ``jnp.{fn.__name__}``; keeps the storage type (f(0) == 0).
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[0.25, 1.]], [1]), shape=(3, 2))
+      >>> jsr.{name}(a).stype
+      'row_sparse'
+    """
+    return op
+
+
+_UNARY = {
+    "abs": jnp.abs,
+    "sign": jnp.sign,
+    "negative": jnp.negative,
+    "sqrt": jnp.sqrt,
+    "square": jnp.square,
+    "sin": jnp.sin,
+    "tan": jnp.tan,
+    "sinh": jnp.sinh,
+    "tanh": jnp.tanh,
+    "arcsin": jnp.arcsin,
+    "arctan": jnp.arctan,
+    "arcsinh": jnp.arcsinh,
+    "arctanh": jnp.arctanh,
+    "expm1": jnp.expm1,
+    "log1p": jnp.log1p,
+    "floor": jnp.floor,
+    "ceil": jnp.ceil,
+    "trunc": jnp.trunc,
+    "rint": jnp.rint,
+    "deg2rad": jnp.deg2rad,
+    "rad2deg": jnp.rad2deg,
+    "relu": jax.nn.relu,
+}
+ZERO_PRESERVING_UNARY = tuple(_UNARY)
+
+abs = _zero_preserving(jnp.abs, "abs")  # noqa: A001
+sign = _zero_preserving(jnp.sign, "sign")
+negative = _zero_preserving(jnp.negative, "negative")
+sqrt = _zero_preserving(jnp.sqrt, "sqrt")
+square = _zero_preserving(jnp.square, "square")
+sin = _zero_preserving(jnp.sin, "sin")
+tan = _zero_preserving(jnp.tan, "tan")
+sinh = _zero_preserving(jnp.sinh, "sinh")
+tanh = _zero_preserving(jnp.tanh, "tanh")
+arcsin = _zero_preserving(jnp.arcsin, "arcsin")
+arctan = _zero_preserving(jnp.arctan, "arctan")
+arcsinh = _zero_preserving(jnp.arcsinh, "arcsinh")
+arctanh = _zero_preserving(jnp.arctanh, "arctanh")
+expm1 = _zero_preserving(jnp.expm1, "expm1")
+log1p = _zero_preserving(jnp.log1p, "log1p")
+floor = _zero_preserving(jnp.floor, "floor")
+ceil = _zero_preserving(jnp.ceil, "ceil")
+trunc = _zero_preserving(jnp.trunc, "trunc")
+rint = _zero_preserving(jnp.rint, "rint")
+deg2rad = _zero_preserving(jnp.deg2rad, "deg2rad")
+rad2deg = _zero_preserving(jnp.rad2deg, "rad2deg")
+relu = _zero_preserving(jax.nn.relu, "relu")
+
+
+def power(x: Any, p: Any) -> Any:
+    """``x ** p``; keeps the storage type for a scalar ``p > 0`` (0 ** p == 0).
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> (jsr.row_sparse_array(([[2., 3.]], [0]), shape=(2, 2)) ** 2).data
+      Array([[4., 9.]], dtype=float32)
+    """
+    if is_sparse(x) and isinstance(p, int | float | np.integer | np.floating) and p > 0:
+        log_inference("power", (stype(x), "scalar"), stype(x))
+        return _with_data(x, x.data**p)
+    return apply_dense(jnp.power, x, p)
+
+
+# -- binary --------------------------------------------------------------------
+def multiply(a: Any, b: Any) -> Any:
+    """Elementwise product with storage inference (see the module table).
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> (a * 2).stype, (a * jnp.ones((3, 2))).stype
+      ('row_sparse', 'row_sparse')
+    """
+    sa, sb = stype(a), stype(b)
+    if not is_sparse(a) and not is_sparse(b):
+        return jnp.multiply(a, b)
+    if not is_sparse(a):  # make `a` the sparse one
+        a, b, sa, sb = b, a, sb, sa
+    if _is_scalar(b):
+        log_inference("multiply", (sa, "scalar"), sa)
+        return _with_data(a, a.data * b)
+    if sa == sb == "row_sparse":
+        _same_shape("multiply", a, b)
+        log_inference("multiply", (sa, sb), "row_sparse")
+        return _rsp_intersect_multiply(a, b)
+    if sb == "default":
+        b = jnp.asarray(b)
+        log_inference("multiply", (sa, sb), sa)
+        if sa == "row_sparse":
+            return RowSparse._make(a.data * _dense_rows(b, a), a.indices, a.shape)
+        return _csr_times_dense(a, b)
+    warn_fallback("multiply", (sa, sb))
+    return jnp.multiply(a.todense(), b.todense())
+
+
+def divide(a: Any, b: Any) -> Any:
+    """``a / b``; ``sparse / scalar`` keeps the storage type, the rest is dense.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> (jsr.row_sparse_array(([[2., 4.]], [0]), shape=(2, 2)) / 2).data
+      Array([[1., 2.]], dtype=float32)
+    """
+    if is_sparse(a) and _is_scalar(b):
+        log_inference("divide", (stype(a), "scalar"), stype(a))
+        return _with_data(a, a.data / b)
+    if not is_sparse(a) and not is_sparse(b):
+        return jnp.divide(a, b)
+    return apply_dense(jnp.divide, a, b)
+
+
+def add(a: Any, b: Any) -> Any:
+    """``a + b`` with storage inference (see the module table).
+
+    ``sparse + dense`` is a scatter-add into the dense operand, which is what
+    makes ``optax.apply_updates(params, row_sparse_updates)`` work.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> b = jsr.row_sparse_array(([[1., 1.]], [2]), shape=(3, 2))
+      >>> (a + b).indices, jsr.stype(a + jnp.ones((3, 2)))
+      (Array([1, 2], dtype=int32), 'default')
+    """
+    sa, sb = stype(a), stype(b)
+    if sa == sb == "default":
+        return jnp.add(a, b)
+    if sa == sb == "row_sparse":
+        _same_shape("add", a, b)
+        log_inference("add", (sa, sb), "row_sparse")
+        ids = jnp.concatenate([a.indices, b.indices])
+        dtype = jnp.result_type(a.data, b.data)
+        data = jnp.concatenate([a.data.astype(dtype), b.data.astype(dtype)])
+        idx, summed, _ = coalesce_rows(ids, data, a.shape[0], a.capacity + b.capacity)
+        return RowSparse._make(summed, idx, a.shape)
+    if sa == sb == "csr":
+        _same_shape("add", a, b)
+        log_inference("add", (sa, sb), "csr")
+        return _csr_union_add(a, b)
+    if sa == "default" or sb == "default":
+        if _is_scalar(a) or _is_scalar(b):
+            return apply_dense(jnp.add, a, b)
+        sparse, dense = (a, b) if sb == "default" else (b, a)
+        dense = jnp.asarray(dense)
+        log_inference("add", (sa, sb), "default")
+        return _scatter_add_dense(sparse, dense)
+    warn_fallback("add", (sa, sb))
+    return jnp.add(a.todense(), b.todense())
+
+
+def subtract(a: Any, b: Any) -> Any:
+    """``a - b`` with the storage rules of :func:`add`.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> (a - a).stype
+      'row_sparse'
+    """
+    if not is_sparse(a) and not is_sparse(b):
+        return jnp.subtract(a, b)
+    if _is_scalar(a) or _is_scalar(b):
+        return apply_dense(jnp.subtract, a, b)
+    return add(a, negative(b))
+
+
+# -- kernels -------------------------------------------------------------------
+def _dense_rows(dense: jax.Array, rsp: RowSparse) -> jax.Array:
+    """The rows of ``dense`` (broadcastable to ``rsp.shape``) at ``rsp.indices``."""
+    if dense.ndim > rsp.ndim:
+        raise ValueError(
+            f"a dense operand of shape {tuple(dense.shape)} does not broadcast to the "
+            f"row_sparse shape {rsp.shape}."
+        )
+    dense = dense.reshape((1,) * (rsp.ndim - dense.ndim) + tuple(dense.shape))
+    try:
+        np.broadcast_shapes(dense.shape, rsp.shape)
+    except ValueError:
+        raise ValueError(
+            f"a dense operand of shape {tuple(dense.shape)} does not broadcast to the "
+            f"row_sparse shape {rsp.shape}."
+        ) from None
+    if np.broadcast_shapes(dense.shape, rsp.shape) != rsp.shape:
+        raise ValueError(
+            f"the result of broadcasting {tuple(dense.shape)} with {rsp.shape} is not "
+            f"{rsp.shape}; sparse results cannot grow."
+        )
+    if dense.shape[0] == 1:
+        return dense
+    return dense.at[rsp.indices].get(mode="fill", fill_value=0)
+
+
+def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
+    shape = np.broadcast_shapes(tuple(dense.shape), sparse.shape)
+    dtype = jnp.result_type(dense, sparse.data)
+    base = jnp.broadcast_to(dense, shape).astype(dtype)
+    if shape != sparse.shape:
+        raise ValueError(
+            f"adding a sparse {sparse.shape} array to a dense {tuple(dense.shape)} array "
+            f"would broadcast the sparse operand to {shape}; that is not supported."
+        )
+    data = sparse.data.astype(dtype)
+    if isinstance(sparse, RowSparse):
+        return base.at[sparse.indices].add(data, mode="drop", indices_are_sorted=True)
+    return base.at[sparse.row_ids(), sparse.indices].add(data, mode="drop")
+
+
+def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
+    if a.capacity > b.capacity:
+        a, b = b, a  # probe the smaller index set
+    n = a.shape[0]
+    dtype = jnp.result_type(a.data, b.data)
+    kb = b.capacity
+    if kb == 0 or a.capacity == 0:
+        return RowSparse._make(
+            jnp.zeros((0,) + a.shape[1:], dtype), jnp.zeros((0,), index_dtype()), a.shape
+        )
+    pos = jnp.clip(jnp.searchsorted(b.indices, a.indices), 0, kb - 1)
+    hit = (b.indices[pos] == a.indices) & (a.indices < n)
+    prod = a.data.astype(dtype) * b.data[pos].astype(dtype)
+    # Compact the hits to the front, keeping their (sorted) order.
+    (slots,) = jnp.nonzero(hit, size=a.capacity, fill_value=a.capacity)
+    idx = a.indices.at[slots].get(mode="fill", fill_value=n)
+    data = prod.at[slots].get(mode="fill", fill_value=0)
+    return RowSparse._make(data, idx.astype(index_dtype()), a.shape)
+
+
+def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
+    if b.ndim > 2 or np.broadcast_shapes(tuple(b.shape), a.shape) != a.shape:
+        raise ValueError(
+            f"a dense operand of shape {tuple(b.shape)} does not broadcast to the csr "
+            f"shape {a.shape}."
+        )
+    b2 = jnp.broadcast_to(b, a.shape)
+    vals = b2.at[a.row_ids(), a.indices].get(mode="fill", fill_value=0)
+    return CSR._make(a.data * vals, a.indices, a.indptr, a.shape)
+
+
+def _csr_union_add(a: CSR, b: CSR) -> CSR:
+    m, n = a.shape
+    idt = index_dtype()
+    nse = a.nse + b.nse
+    dtype = jnp.result_type(a.data, b.data)
+    rows = jnp.concatenate([a.row_ids(), b.row_ids()])
+    cols = jnp.concatenate([a.indices, b.indices]).astype(idt)
+    vals = jnp.concatenate([a.data.astype(dtype), b.data.astype(dtype)])
+    if nse == 0:
+        return CSR._make(vals, cols, jnp.zeros((m + 1,), idt), a.shape)
+    pad = rows >= m
+    rows = jnp.where(pad, m, rows)
+    cols = jnp.where(pad, n, cols)
+    iota = lax.iota(idt, nse)
+    rows_s, cols_s, perm = lax.sort((rows, cols, iota), num_keys=2)
+    _, starts_r = segments_of_sorted(rows_s)
+    _, starts_c = segments_of_sorted(cols_s)
+    starts = starts_r | starts_c
+    seg = jnp.cumsum(starts.astype(idt)) - 1
+    real = rows_s < m
+    seg = jnp.where(real, seg, nse)
+    out_vals = jax.ops.segment_sum(vals[perm], seg, num_segments=nse, indices_are_sorted=True)
+    out_cols = jnp.full((nse,), n, idt).at[seg].set(cols_s, mode="drop")
+    out_rows = jnp.full((nse,), m, idt).at[seg].set(rows_s, mode="drop")
+    counts = jnp.zeros((m,), idt).at[out_rows].add(1, mode="drop")
+    indptr = jnp.concatenate([jnp.zeros((1,), idt), jnp.cumsum(counts, dtype=idt)])
+    return CSR._make(out_vals.astype(dtype), out_cols, indptr, a.shape)

@@ -1,0 +1,116 @@
+"""Conversion to and from ``scipy.sparse`` and ``jax.experimental.sparse.BCOO``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._csr import CSR, csr_matrix
+from ._rowsparse import RowSparse
+
+
+
+def from_scipy(m: Any) -> CSR:
+    """A CSR from any ``scipy.sparse`` matrix (converted with ``.tocsr()``).
+
+    Duplicates are summed and column ids sorted, as ``csr_matrix`` does.
+
+    Example:
+      >>> import scipy.sparse as sp, jaxsparse_rows as jsr
+      >>> jsr.from_scipy(sp.eye(3, format="csr", dtype="float32"))
+      CSR(float32[3, 3], nnz=3)
+    """
+    if not type(m).__module__.startswith("scipy.sparse"):
+        raise TypeError(f"`m` must be a scipy.sparse matrix, got {type(m).__name__}.")
+    m = m.tocsr()
+    data = np.asarray(m.data)
+    if data.dtype == np.float64:
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            data = data.astype(np.float32)
+    return csr_matrix((data, m.indices, m.indptr), shape=m.shape)
+
+
+def to_scipy(x: Any):
+    """A ``scipy.sparse.csr_matrix`` holding the stored entries of ``x``.
+
+    A 2-D RowSparse converts through its stored rows (zero values inside them
+    are dropped). Padding is never included.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> a.to_scipy().toarray()
+      array([[0., 0.],
+             [1., 2.],
+             [0., 0.]], dtype=float32)
+    """
+    import scipy.sparse as sp
+
+    if isinstance(x, CSR):
+        nnz = int(np.asarray(x.indptr)[-1])
+        return sp.csr_matrix(
+            (np.asarray(x.data)[:nnz], np.asarray(x.indices)[:nnz], np.asarray(x.indptr)),
+            shape=x.shape,
+        )
+    if isinstance(x, RowSparse):
+        if x.ndim != 2:
+            raise ValueError(f"only 2-D row_sparse arrays convert to scipy, got {x.shape}.")
+        n = x.shape[0]
+        idx = np.asarray(x.indices)
+        real = idx < n
+        rows = np.zeros((x.capacity, x.shape[1]), dtype=np.asarray(x.data).dtype)
+        rows[real] = np.asarray(x.data)[real]
+        coo = sp.coo_matrix(rows)
+        return sp.csr_matrix((coo.data, (idx[coo.row], coo.col)), shape=x.shape)
+    raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
+
+
+def to_bcoo(x: Any):
+    """A ``jax.experimental.sparse.BCOO`` with the same stored entries.
+
+    A RowSparse becomes a BCOO with one sparse (row) dimension and dense
+    trailing dimensions (``n_dense = ndim - 1``); a CSR becomes a 2-D BCOO.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> jsr.to_bcoo(a).todense().tolist()
+      [[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]
+    """
+    from jax.experimental import sparse as jsparse
+
+    if isinstance(x, RowSparse):
+        return jsparse.BCOO((x.data, x.indices[:, None]), shape=x.shape)
+    if isinstance(x, CSR):
+        idx = jnp.stack([x.row_ids(), x.indices], axis=1)
+        return jsparse.BCOO((x.data, idx), shape=x.shape)
+    raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
+
+
+def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
+    """A RowSparse (or CSR with ``stype="csr"``) from a concrete BCOO.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> from jax.experimental import sparse
+      >>> b = sparse.BCOO.fromdense(jnp.array([[0., 1.], [0., 0.]]))
+      >>> jsr.from_bcoo(b)
+      RowSparse(float32[2, 2], rows=1)
+    """
+    from jax.experimental import sparse as jsparse
+
+    from ._storage import cast_storage
+
+    if not isinstance(m, jsparse.BCOO):
+        raise TypeError(f"`m` must be a jax.experimental.sparse.BCOO, got {type(m).__name__}.")
+    if m.n_batch:
+        raise ValueError(f"batched BCOO (n_batch={m.n_batch}) is not supported.")
+    if m.n_sparse == 1 and stype == "row_sparse":
+        from ._rowsparse import row_sparse_array
+
+        return row_sparse_array((m.data, m.indices[:, 0]), shape=m.shape)
+    return cast_storage(m.todense(), stype)

@@ -1,0 +1,95 @@
+"""Reductions: ``sum``, ``square_sum`` and ``norm`` over sparse arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._config import log_inference
+from ._csr import CSR
+from ._rowsparse import RowSparse
+from ._storage import is_sparse, stype
+
+
+def _check_axis(x: Any, axis: Any) -> int | None:
+    if axis is None:
+        return None
+    if not isinstance(axis, int):
+        raise TypeError(f"`axis` must be None or an int, got {axis!r}.")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"`axis` {axis} is out of range for a {x.ndim}-D array.")
+    return axis % x.ndim
+
+
+def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  # noqa: A001
+    """Sum of all entries, or along ``axis``; the result is dense.
+
+    ``axis=0`` sums the stored rows (a ``[D1..Dn]`` result); other axes reduce
+    the stored data and scatter it into the ``N`` rows.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.], [3., 4.]], [0, 2]), shape=(3, 2))
+      >>> jsr.sum(a), jsr.sum(a, axis=0), jsr.sum(a, axis=1)
+      (Array(10., dtype=float32), Array([4., 6.], dtype=float32), Array([3., 0., 7.], dtype=float32))
+    """
+    if not is_sparse(x):
+        return jnp.sum(x, axis=axis, keepdims=keepdims)
+    axis = _check_axis(x, axis)
+    log_inference("sum", (stype(x),), "default")
+    if axis is None:
+        out = jnp.sum(x.data)
+        return out.reshape((1,) * x.ndim) if keepdims else out
+    if isinstance(x, RowSparse):
+        if axis == 0:
+            return jnp.sum(x.data, axis=0, keepdims=keepdims)
+        reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
+        out = jnp.zeros((x.shape[0],) + reduced.shape[1:], reduced.dtype)
+        return out.at[x.indices].set(reduced, mode="drop", indices_are_sorted=True)
+    if axis == 0:
+        out = jnp.zeros((x.shape[1],), x.dtype).at[x.indices].add(x.data, mode="drop")
+        return out[None] if keepdims else out
+    out = jax.ops.segment_sum(x.data, x.row_ids(), num_segments=x.shape[0],
+                              indices_are_sorted=True)
+    return out[:, None] if keepdims else out
+
+
+def square_sum(x: Any, axis: int | None = 1, keepdims: bool = True) -> Any:
+    """Sum of squares (MXNet's ``_square_sum``).
+
+    For a row_sparse ``x`` and ``axis=1`` with ``keepdims=True`` the result is
+    row_sparse with the same rows (shape ``[N, 1, D2..]``); otherwise dense.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.], [3., 4.]], [0, 2]), shape=(3, 2))
+      >>> s = jsr.square_sum(a)
+      >>> s, s.data
+      (RowSparse(float32[3, 1], rows=2), Array([[ 5.],
+             [25.]], dtype=float32))
+    """
+    if isinstance(x, RowSparse) and axis is not None and _check_axis(x, axis) >= 1 and keepdims:
+        axis = _check_axis(x, axis)
+        log_inference("square_sum", ("row_sparse",), "row_sparse")
+        data = jnp.sum(jnp.square(x.data), axis=axis, keepdims=True)
+        shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
+        return RowSparse._make(data, x.indices, shape)
+    if isinstance(x, RowSparse | CSR):
+        from ._elementwise import square
+
+        return sum(square(x), axis=axis, keepdims=keepdims)
+    return jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims)
+
+
+def norm(x: Any) -> jax.Array:
+    """The Frobenius (L2) norm over all entries, padding excluded.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> jsr.norm(jsr.row_sparse_array(([[3., 4.]], [1]), shape=(5, 2)))
+      Array(5., dtype=float32)
+    """
+    data = x.data if is_sparse(x) else jnp.asarray(x)
+    return jnp.sqrt(jnp.sum(jnp.square(data)))

@@ -1,0 +1,154 @@
+"""Row gathers: ``pull_rows`` (dense table -> RowSparse view), ``take``
+(embedding lookup from a RowSparse) and ``retain`` (keep listed rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from ._rowsparse import RowSparse
+from ._util import capacity_check, check_static_int, index_dtype, is_concrete, unique_rows
+
+
+def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
+    if not isinstance(ids, jax.Array):
+        ids = np.asarray(ids)
+        if ids.size == 0 and ids.dtype == np.float64:
+            ids = ids.astype(np.int64)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"`{name}` must have an integer dtype, got {ids.dtype}.")
+    return jnp.asarray(ids)
+
+
+def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
+    """Concrete ids must lie in ``[0, n_rows]`` (``n_rows`` is the padding id)."""
+    if not is_concrete(ids) or ids.size == 0:
+        return
+    arr = np.asarray(ids)
+    bad = (arr < 0) | (arr > n_rows)
+    if np.any(bad):
+        raise ValueError(
+            f"`{name}` must lie in [0, {n_rows}) (or equal {n_rows}, the padding id), got "
+            f"{int(arr[bad][0])}."
+        )
+
+
+def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowSparse:
+    """A RowSparse view of the rows of ``table`` that ``ids`` mention.
+
+    The result holds the sorted unique ids and their rows, gathered from the
+    dense ``table`` ``[V, D1..Dn]`` (MXNet's ``row_sparse_pull``). Differentiate a
+    loss with respect to it with :func:`jsr.value_and_grad
+    <jaxsparse_rows.value_and_grad>` to get a row-sparse gradient.
+
+    Args:
+      table: dense ``[V, D1..Dn]`` array.
+      ids: integer ids of any shape, duplicates allowed. An id equal to ``V``
+        is padding (as in a padded CSR's column ids) and is ignored.
+      size: static capacity of the result; default ``ids.size``, which can
+        never overflow. If more than ``size`` distinct ids occur: ``ValueError``
+        when concrete; under jit a ``checkify.debug_check`` fails (it is free
+        unless the caller wraps with ``checkify.checkify(f,
+        errors=checkify.user_checks)``) and the largest ids are left out.
+
+    Out-of-range ids (``< 0`` or ``> V``) raise when concrete; under jit they
+    are treated as padding.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> table = jnp.arange(12.).reshape(6, 2)
+      >>> rows = jsr.pull_rows(table, jnp.array([[4, 1], [4, 4]]))
+      >>> rows, rows.indices, rows.data[:2]
+      (RowSparse(float32[6, 2], rows=2, capacity=4), Array([1, 4, 6, 6], dtype=int32), Array([[2., 3.],
+             [8., 9.]], dtype=float32))
+    """
+    if not isinstance(table, jax.Array):
+        table = jnp.asarray(table)
+    if table.ndim < 1:
+        raise ValueError(f"`table` must be at least 1-D ([V, ...]), got a scalar {table!r}.")
+    ids = _as_ids(ids)
+    n = table.shape[0]
+    flat = ids.reshape(-1)
+    cap = flat.shape[0] if size is None else check_static_int(size, "size")
+    _check_id_range(flat, n, "ids")
+    uniq, _, _, count = unique_rows(flat, n, cap)
+    capacity_check(
+        count <= cap,
+        f"pull_rows: `ids` hold more distinct rows than `size` = {cap}; rows would be "
+        "dropped. Raise `size` (the default, ids.size, never overflows).",
+    )
+    data = table.at[uniq].get(
+        mode="fill", fill_value=0, indices_are_sorted=True, unique_indices=True
+    )
+    return RowSparse._make(data, uniq, table.shape)
+
+
+def lookup_slots(rsp: RowSparse, ids: jax.Array) -> jax.Array:
+    """Slot of every id in ``rsp.indices``; ``rsp.capacity`` where it is absent."""
+    k = rsp.capacity
+    idt = index_dtype()
+    ids = ids.astype(idt)
+    if k == 0:
+        return jnp.zeros(ids.shape, idt)
+    pos = jnp.searchsorted(rsp.indices, ids, method="sort").astype(idt)
+    pos_c = jnp.minimum(pos, k - 1)
+    hit = (rsp.indices[pos_c] == ids) & (ids >= 0) & (ids < rsp.shape[0])
+    return jnp.where(hit, pos_c, k)
+
+
+def take(x: Any, ids: ArrayLike) -> jax.Array:
+    """Dense lookup of rows: ``out[i...] = x[ids[i...]]``, shape ``[*ids.shape, D1..Dn]``.
+
+    For a RowSparse ``x`` (e.g. a :func:`pull_rows` view) rows it does not store
+    read zeros, and the gradient with respect to ``x.data`` is a ``[k, D]``
+    array: no ``[V, D]`` temporary. A dense ``x`` is gathered directly.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> rows = jsr.pull_rows(jnp.arange(12.).reshape(6, 2), jnp.array([1, 4]))
+      >>> jsr.take(rows, jnp.array([4, 0]))
+      Array([[8., 9.],
+             [0., 0.]], dtype=float32)
+    """
+    ids = _as_ids(ids)
+    if isinstance(x, RowSparse):
+        _check_id_range(ids, x.shape[0], "ids")
+        slots = lookup_slots(x, ids.reshape(-1))
+        out = x.data.at[slots].get(mode="fill", fill_value=0)
+        return out.reshape(tuple(ids.shape) + x.shape[1:])
+    from ._csr import CSR
+
+    if isinstance(x, CSR):
+        raise TypeError("`take` needs a RowSparse or dense `x`; use `x[a:b]` to slice CSR rows.")
+    x = jnp.asarray(x)
+    _check_id_range(ids, x.shape[0], "ids")
+    return x.at[ids].get(mode="fill", fill_value=0)
+
+
+def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
+    """Keeps only the listed rows of ``x`` (MXNet's ``sparse.retain``).
+
+    The result stores exactly the sorted unique ``rows`` (capacity
+    ``rows.size``); a requested row that ``x`` lacks comes back as a zero row.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[1., 2.], [3., 4.], [5., 6.]], [0, 2, 3]), shape=(5, 2))
+      >>> jsr.retain(a, [0, 1]).asnumpy()
+      array([[1., 2.],
+             [0., 0.],
+             [0., 0.],
+             [0., 0.],
+             [0., 0.]], dtype=float32)
+    """
+    if not isinstance(x, RowSparse):
+        raise TypeError(f"`x` must be a RowSparse, got {type(x).__name__}.")
+    rows = _as_ids(rows, "rows").reshape(-1)
+    n = x.shape[0]
+    _check_id_range(rows, n, "rows")
+    uniq, _, _, _ = unique_rows(rows, n, rows.shape[0])
+    return RowSparse._make(take(x, uniq), uniq, x.shape)

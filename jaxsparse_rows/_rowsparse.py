@@ -1,0 +1,486 @@
+"""The ``RowSparse`` array: a ``[N, D1..Dn]`` array whose rows are zero except
+the listed ones (MXNet's ``RowSparseNDArray``), as a JAX pytree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from ._util import (
+    broadcast_row_mask,
+    capacity_check,
+    check_static_int,
+    index_dtype,
+    is_concrete,
+    shape_str,
+)
+
+
+def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
+    if isinstance(shape, int | np.integer):
+        shape = (shape,)
+    try:
+        out = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a tuple of ints, got {shape!r}.") from None
+    if any(d < 0 for d in out) or tuple(shape) != out:
+        raise ValueError(f"`{name}` must be a tuple of non-negative ints, got {shape!r}.")
+    return out
+
+
+def _as_index_array(indices: Any, name: str = "indices") -> jax.Array:
+    if not isinstance(indices, jax.Array):
+        indices = np.asarray(indices)
+        if indices.size == 0 and indices.dtype == np.float64:
+            indices = indices.astype(np.int64)  # `[]` parses as float64
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"`{name}` must have an integer dtype, got {indices.dtype}.")
+    return jnp.asarray(indices, dtype=index_dtype())
+
+
+def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices") -> int:
+    """Checks concrete row indices against the RowSparse invariant.
+
+    Real indices must lie in ``[0, N)``, be strictly increasing, and be followed
+    only by padding slots equal to ``N``. Returns the number of real rows.
+    """
+    idx = np.asarray(indices)
+    if idx.size and idx.min() < 0:
+        bad = int(idx[idx < 0][0])
+        raise ValueError(
+            f"`{name}` must be >= 0, got {bad}. Negative row ids are not allowed (they "
+            "would wrap around); padding slots use the row count N as their id."
+        )
+    if idx.size and idx.max() > n_rows:
+        bad = int(idx[idx > n_rows][0])
+        raise ValueError(
+            f"`{name}` must be < N = {n_rows} (or == N for a padding slot), got {bad}."
+        )
+    n_real = int(np.sum(idx < n_rows))
+    if np.any(idx[n_real:] != n_rows):
+        raise ValueError(
+            f"padding slots (id N = {n_rows}) must come after every real row in `{name}`, "
+            f"got {idx.tolist()}. Use `jsr.row_sparse_array` to canonicalise."
+        )
+    real = idx[:n_real]
+    if n_real > 1 and np.any(np.diff(real) <= 0):
+        pos = int(np.nonzero(np.diff(real) <= 0)[0][0])
+        kind = "duplicate" if real[pos] == real[pos + 1] else "unsorted"
+        raise ValueError(
+            f"`{name}` must be sorted ascending without duplicates, got {kind} ids "
+            f"{int(real[pos])}, {int(real[pos + 1])} at positions {pos}, {pos + 1}. Use "
+            "`jsr.row_sparse_array` to sort and sum duplicates."
+        )
+    return n_real
+
+
+@jax.tree_util.register_pytree_node_class
+class RowSparse:
+    """A ``[N, D1, ..., Dn]`` array stored as its non-zero rows.
+
+    ``dense[indices[i]] = data[i]`` for every real slot ``i``; all other rows are
+    zero. ``indices`` is sorted ascending without duplicates; a fixed capacity
+    ``k = data.shape[0]`` may end in padding slots whose index is ``N`` (out of
+    bounds) and whose data is zero, so gathers (``mode="fill"``) and scatters
+    (``mode="drop"``) never touch a real row through them.
+
+    The constructor is strict: it checks shapes and dtypes always, and index
+    values whenever they are concrete. Use :func:`row_sparse_array` for
+    unsorted or duplicated input.
+
+    Args:
+      data: ``[k, D1, ..., Dn]`` row values.
+      indices: ``[k]`` integer row ids.
+      shape: the dense shape ``(N, D1, ..., Dn)``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.RowSparse([[1., 2.], [3., 4.]], [1, 4], shape=(6, 2))
+      >>> a
+      RowSparse(float32[6, 2], rows=2)
+      >>> a.asnumpy()
+      array([[0., 0.],
+             [1., 2.],
+             [0., 0.],
+             [0., 0.],
+             [3., 4.],
+             [0., 0.]], dtype=float32)
+    """
+
+    stype = "row_sparse"
+    __array_priority__ = 1000  # numpy defers binary operators to us
+    __hash__ = None  # type: ignore[assignment]
+
+    data: jax.Array
+    indices: jax.Array
+    shape: tuple[int, ...]
+
+    def __init__(self, data: ArrayLike, indices: ArrayLike, shape: Sequence[int]):
+        shape = _as_shape(shape)
+        if len(shape) < 1:
+            raise ValueError("`shape` must have at least one dimension (the rows), got ().")
+        if not isinstance(data, jax.Array):
+            data = np.asarray(data)
+            if data.dtype == np.float64 and not jax.config.jax_enable_x64:
+                data = data.astype(np.float32)
+        data = jnp.asarray(data)
+        indices = _as_index_array(indices)
+        if data.ndim != len(shape):
+            raise ValueError(
+                f"`data` must have ndim == len(shape) = {len(shape)} ([k, D1..Dn]), got "
+                f"{shape_str(data.dtype, data.shape)} for shape {shape}."
+            )
+        if tuple(data.shape[1:]) != shape[1:]:
+            raise ValueError(
+                f"`data` trailing dims must equal shape[1:] = {shape[1:]}, got "
+                f"{tuple(data.shape[1:])}."
+            )
+        if indices.ndim != 1:
+            raise ValueError(f"`indices` must be 1-D, got shape {tuple(indices.shape)}.")
+        if indices.shape[0] != data.shape[0]:
+            raise ValueError(
+                f"`data` and `indices` must have the same length (the capacity k), got "
+                f"{data.shape[0]} rows of data and {indices.shape[0]} indices."
+            )
+        if is_concrete(indices):
+            n_real = validate_row_indices(np.asarray(indices), shape[0])
+            if n_real < data.shape[0] and is_concrete(data):
+                if np.any(np.asarray(data[n_real:]) != 0):
+                    raise ValueError("padding slots (id N) must hold zero `data`.")
+        self.data = data
+        self.indices = indices
+        self.shape = shape
+
+    @classmethod
+    def _make(cls, data: Any, indices: Any, shape: tuple[int, ...]) -> RowSparse:
+        """Builds without validation (for library internals and unflattening)."""
+        obj = object.__new__(cls)
+        obj.data = data
+        obj.indices = indices
+        obj.shape = tuple(shape)
+        return obj
+
+    # -- pytree -------------------------------------------------------------
+    def tree_flatten(self):
+        return (self.data, self.indices), self.shape
+
+    @classmethod
+    def tree_unflatten(cls, shape, children):
+        return cls._make(children[0], children[1], shape)
+
+    def __reduce__(self):
+        return (
+            RowSparse._make,
+            (np.asarray(self.data), np.asarray(self.indices), self.shape),
+        )
+
+    # -- attributes ---------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def capacity(self) -> int:
+        """The static number of row slots ``k`` (real rows plus padding)."""
+        return self.indices.shape[0]
+
+    @property
+    def nnz_rows(self) -> jax.Array:
+        """Number of real (non-padding) rows; a traced scalar under jit."""
+        return jnp.sum(self.indices < self.shape[0], dtype=index_dtype())
+
+    @property
+    def row_mask(self) -> jax.Array:
+        """``[k]`` boolean mask of real (non-padding) slots."""
+        return self.indices < self.shape[0]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        head = shape_str(self.data.dtype, self.shape)
+        if is_concrete(self.indices) and isinstance(self.indices, jax.Array | np.ndarray):
+            rows = int(np.sum(np.asarray(self.indices) < self.shape[0]))
+            extra = "" if rows == self.capacity else f", capacity={self.capacity}"
+            return f"RowSparse({head}, rows={rows}{extra})"
+        return f"RowSparse({head}, capacity={self.capacity})"
+
+    # -- conversion ---------------------------------------------------------
+    def todense(self) -> jax.Array:
+        """The dense ``[N, D1..Dn]`` array (a scatter of ``data`` into zeros).
+
+        Example:
+          >>> import jaxsparse_rows as jsr
+          >>> jsr.RowSparse([[1, 2]], [1], shape=(3, 2)).todense()
+          Array([[0, 0],
+                 [1, 2],
+                 [0, 0]], dtype=int32)
+        """
+        zeros = jnp.zeros(self.shape, self.data.dtype)
+        return zeros.at[self.indices].set(self.data, mode="drop", indices_are_sorted=True)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.asarray(self.todense())
+        return out if dtype is None else out.astype(dtype)
+
+    def asnumpy(self) -> np.ndarray:
+        """The dense array as a ``numpy.ndarray`` (MXNet's ``asnumpy``)."""
+        return np.asarray(self.todense())
+
+    def astype(self, dtype: Any) -> RowSparse:
+        """Casts ``data``; indices and padding are kept."""
+        return RowSparse._make(self.data.astype(dtype), self.indices, self.shape)
+
+    def copy(self) -> RowSparse:
+        """A new RowSparse with copied buffers."""
+        return RowSparse._make(jnp.array(self.data), jnp.array(self.indices), self.shape)
+
+    def tostype(self, stype: str) -> Any:
+        """Converts to ``"default"`` (dense), ``"row_sparse"`` or ``"csr"`` storage."""
+        from ._storage import cast_storage
+
+        return cast_storage(self, stype)
+
+    def to_scipy(self):
+        """A ``scipy.sparse.csr_matrix`` (2-D only; needs scipy)."""
+        from ._interop import to_scipy
+
+        return to_scipy(self)
+
+    def with_capacity(self, capacity: int) -> RowSparse:
+        """Re-pads to ``capacity`` slots; shrinking below the real rows is an error
+        when concrete and a ``checkify.debug_check`` under jit."""
+        capacity = check_static_int(capacity, "capacity")
+        k = self.capacity
+        if capacity >= k:
+            pad = capacity - k
+            data = jnp.concatenate(
+                [self.data, jnp.zeros((pad,) + self.shape[1:], self.dtype)], axis=0
+            )
+            idx = jnp.concatenate(
+                [self.indices, jnp.full((pad,), self.shape[0], self.indices.dtype)]
+            )
+            return RowSparse._make(data, idx, self.shape)
+        capacity_check(
+            self.nnz_rows <= capacity,
+            f"with_capacity({capacity}) would drop rows: the array has more real rows.",
+        )
+        return RowSparse._make(self.data[:capacity], self.indices[:capacity], self.shape)
+
+    @classmethod
+    def fromdense(cls, x: ArrayLike, max_rows: int | None = None) -> RowSparse:
+        """Row-sparse form of a dense array: one slot per row that has a non-zero.
+
+        Exact when ``x`` is concrete. Under ``jax.jit`` the number of non-zero
+        rows is unknown while tracing, so ``max_rows`` (a static capacity) is
+        required; more non-zero rows than ``max_rows`` raise when concrete and
+        fail a ``checkify.debug_check`` under jit.
+
+        Example:
+          >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+          >>> x = jnp.array([[1., 2.], [0., 0.], [3., 0.]])
+          >>> r = jsr.RowSparse.fromdense(x)
+          >>> r, r.indices
+          (RowSparse(float32[3, 2], rows=2), Array([0, 2], dtype=int32))
+        """
+        if not isinstance(x, jax.Array):
+            x = jnp.asarray(x)
+        if x.ndim < 1:
+            raise ValueError(f"`x` must have at least one dimension, got a scalar {x!r}.")
+        n = x.shape[0]
+        axes = tuple(range(1, x.ndim))
+        if max_rows is not None:
+            max_rows = check_static_int(max_rows, "max_rows")
+        if is_concrete(x):
+            xn = np.asarray(x)
+            rows = np.nonzero(np.any(xn != 0, axis=axes) if axes else xn != 0)[0]
+            cap = len(rows) if max_rows is None else max_rows
+            if len(rows) > cap:
+                raise ValueError(
+                    f"`x` has {len(rows)} non-zero rows, more than `max_rows` = {cap}."
+                )
+            idx = np.full((cap,), n, dtype=index_dtype())
+            idx[: len(rows)] = rows
+            data = np.zeros((cap,) + x.shape[1:], dtype=xn.dtype)
+            data[: len(rows)] = xn[rows]
+            return cls._make(jnp.asarray(data), jnp.asarray(idx), x.shape)
+        if max_rows is None:
+            raise ValueError(
+                "RowSparse.fromdense on a traced array (inside jax.jit, vmap, grad...) needs "
+                "a static `max_rows`: the number of non-zero rows is only known at run time "
+                "and fixes the output shape. Pass e.g. `RowSparse.fromdense(x, max_rows=k)`."
+            )
+        mask = jnp.any(x != 0, axis=axes) if axes else x != 0
+        (idx,) = jnp.nonzero(mask, size=max_rows, fill_value=n)
+        idx = idx.astype(index_dtype())
+        capacity_check(
+            jnp.sum(mask) <= max_rows,
+            f"RowSparse.fromdense: `x` has more non-zero rows than `max_rows` = {max_rows}.",
+        )
+        data = x.at[idx].get(mode="fill", fill_value=0)
+        return cls._make(data, idx, x.shape)
+
+    # -- operators (storage-type inference lives in _elementwise) ------------
+    def __neg__(self):
+        from ._elementwise import negative
+
+        return negative(self)
+
+    def __abs__(self):
+        from ._elementwise import abs as abs_
+
+        return abs_(self)
+
+    def __add__(self, other):
+        from ._elementwise import add
+
+        return add(self, other)
+
+    def __radd__(self, other):
+        from ._elementwise import add
+
+        return add(other, self)
+
+    def __sub__(self, other):
+        from ._elementwise import subtract
+
+        return subtract(self, other)
+
+    def __rsub__(self, other):
+        from ._elementwise import subtract
+
+        return subtract(other, self)
+
+    def __mul__(self, other):
+        from ._elementwise import multiply
+
+        return multiply(self, other)
+
+    def __rmul__(self, other):
+        from ._elementwise import multiply
+
+        return multiply(other, self)
+
+    def __truediv__(self, other):
+        from ._elementwise import divide
+
+        return divide(self, other)
+
+    def __rtruediv__(self, other):
+        from ._elementwise import divide
+
+        return divide(other, self)
+
+    def __pow__(self, other):
+        from ._elementwise import power
+
+        return power(self, other)
+
+    def __matmul__(self, other):
+        from ._dot import dot
+
+        return dot(self, other)
+
+    def __rmatmul__(self, other):
+        from ._dot import dot
+
+        return dot(other, self)
+
+
+def row_sparse_array(
+    arg: Any,
+    shape: Sequence[int] | None = None,
+    dtype: Any = None,
+) -> RowSparse:
+    """Creates a RowSparse array, MXNet style.
+
+    ``arg`` is ``(data, indices)`` (lists, numpy or jax arrays), a dense array,
+    or another RowSparse. With concrete input, unsorted indices are sorted and
+    duplicate indices are summed; under jit, input is assumed canonical (use
+    :func:`jsr.check <jaxsparse_rows.check>` with checkify to verify).
+
+    Args:
+      arg: ``(data, indices)``, a dense array-like, or a RowSparse.
+      shape: the dense shape; required for ``(data, indices)`` input.
+      dtype: optional dtype of the data (default: float32 for Python lists, as
+        in MXNet; the input dtype for numpy / jax arrays).
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> a = jsr.row_sparse_array(([[3, 4], [1, 2], [1, 1]], [4, 1, 4]), shape=(6, 2))
+      >>> a.indices, a.data
+      (Array([1, 4], dtype=int32), Array([[1., 2.],
+             [4., 5.]], dtype=float32))
+    """
+    if isinstance(arg, RowSparse):
+        out = arg if shape is None or tuple(shape) == arg.shape else None
+        if out is None:
+            raise ValueError(f"`shape` {tuple(shape)} does not match the array's {arg.shape}.")
+        return out.astype(dtype) if dtype is not None else out
+    if not isinstance(arg, tuple):
+        from ._csr import CSR
+
+        if isinstance(arg, CSR):
+            from ._storage import cast_storage
+
+            out = cast_storage(arg, "row_sparse")
+        else:
+            out = RowSparse.fromdense(jnp.asarray(arg, dtype=dtype))
+        return out.astype(dtype) if dtype is not None else out
+    if len(arg) != 2:
+        raise ValueError(f"`arg` must be a (data, indices) pair, got a tuple of {len(arg)}.")
+    if shape is None:
+        raise ValueError("`shape` is required when creating a RowSparse from (data, indices).")
+    shape = _as_shape(shape)
+    data, indices = arg
+    if isinstance(data, list | tuple) and dtype is None:
+        dtype = jnp.float32  # MXNet: Python lists default to float32
+    if not isinstance(data, jax.Array):
+        data = np.asarray(data, dtype=dtype)
+        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
+            data = data.astype(np.float32)
+    data = jnp.asarray(data, dtype=dtype)
+    idx = _as_index_array(indices)
+    if data.ndim == len(shape) - 1 and idx.shape == (1,):
+        data = data[None]
+    if idx.ndim != 1 or data.ndim < 1 or idx.shape[0] != data.shape[0]:
+        raise ValueError(
+            f"`indices` must be 1-D with one id per row of `data`, got indices of shape "
+            f"{tuple(idx.shape)} and data of shape {tuple(data.shape)}."
+        )
+    if not (is_concrete(data, idx)):
+        return RowSparse(data, idx, shape)
+    idx_np = np.asarray(idx)
+    n = shape[0]
+    if idx_np.size and (idx_np.min() < 0 or idx_np.max() >= n):
+        bad = int(idx_np[(idx_np < 0) | (idx_np >= n)][0])
+        raise ValueError(f"`indices` must lie in [0, N) = [0, {n}), got {bad}.")
+    if data.ndim != len(shape) or tuple(data.shape[1:]) != shape[1:]:
+        raise ValueError(
+            f"`data` must have shape [k, *shape[1:]] = [k, {', '.join(map(str, shape[1:]))}]"
+            f", got {tuple(data.shape)}."
+        )
+    uniq, inverse = np.unique(idx_np, return_inverse=True)
+    if len(uniq) == len(idx_np) and np.all(np.diff(idx_np) > 0):
+        return RowSparse(data, idx, shape)
+    summed = jax.ops.segment_sum(data, jnp.asarray(inverse.reshape(-1)), num_segments=len(uniq))
+    return RowSparse(summed.astype(data.dtype), uniq.astype(index_dtype()), shape)
+
+
+def mask_padding(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:
+    """Zeros the data of padding slots (ids ``>= n_rows``)."""
+    mask = broadcast_row_mask(indices < n_rows, data.ndim)
+    return jnp.where(mask, data, jnp.zeros((), data.dtype))
