@@ -12,7 +12,7 @@ from ._csr import CSR
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse
 from ._storage import stype
-from ._util import coalesce_rows
+from ._util import coalesce_rows, gather_rows
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
@@ -91,7 +91,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     if sl == "row_sparse" and sr == "default" and lhs.ndim == 2:
         if transpose_a:
             log_inference("dot.T", (sl, sr), "default")
-            gathered = rhs.at[lhs.indices].get(mode="fill", fill_value=0)
+            gathered = gather_rows(rhs, lhs.indices)
             return jnp.tensordot(lhs.data, gathered, axes=(0, 0))
         log_inference("dot", (sl, sr), "row_sparse")
         out = jnp.tensordot(lhs.data, rhs, axes=(1, 0))
@@ -122,8 +122,8 @@ def _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr):
 def _csr_rhs_rows(rhs: Any, ids: jax.Array) -> jax.Array:
     """Rows ``rhs[ids]`` of a dense or RowSparse rhs; out-of-range ids read 0."""
     if isinstance(rhs, RowSparse):
-        return rhs.data.at[lookup_slots(rhs, ids)].get(mode="fill", fill_value=0)
-    return rhs.at[ids].get(mode="fill", fill_value=0)
+        return gather_rows(rhs.data, lookup_slots(rhs, ids))
+    return gather_rows(rhs, ids)
 
 
 def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:

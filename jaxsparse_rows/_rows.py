@@ -11,7 +11,14 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ._rowsparse import RowSparse
-from ._util import capacity_check, check_static_int, index_dtype, is_concrete, unique_rows
+from ._util import (
+    capacity_check,
+    check_static_int,
+    gather_rows,
+    index_dtype,
+    is_concrete,
+    unique_rows,
+)
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
@@ -81,9 +88,12 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
         f"pull_rows: `ids` hold more distinct rows than `size` = {cap}; rows would be "
         "dropped. Raise `size` (the default, ids.size, never overflows).",
     )
-    data = table.at[uniq].get(
-        mode="fill", fill_value=0, indices_are_sorted=True, unique_indices=True
-    )
+    if n == 0:
+        data = jnp.zeros((cap,) + tuple(table.shape[1:]), table.dtype)
+    else:
+        data = table.at[uniq].get(
+            mode="fill", fill_value=0, indices_are_sorted=True, unique_indices=True
+        )
     return RowSparse._make(data, uniq, table.shape)
 
 
@@ -118,7 +128,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
     if isinstance(x, RowSparse):
         _check_id_range(ids, x.shape[0], "ids")
         slots = lookup_slots(x, ids.reshape(-1))
-        out = x.data.at[slots].get(mode="fill", fill_value=0)
+        out = gather_rows(x.data, slots)
         return out.reshape(tuple(ids.shape) + x.shape[1:])
     from ._csr import CSR
 
@@ -126,7 +136,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
         raise TypeError("`take` needs a RowSparse or dense `x`; use `x[a:b]` to slice CSR rows.")
     x = jnp.asarray(x)
     _check_id_range(ids, x.shape[0], "ids")
-    return x.at[ids].get(mode="fill", fill_value=0)
+    return gather_rows(x, ids)
 
 
 def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:

@@ -125,6 +125,16 @@ def coalesce_rows(
     return uniq, summed.astype(data.dtype), count
 
 
+def gather_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """``x[rows]`` along axis 0 with out-of-range rows reading zero.
+
+    Works when ``x`` has no rows at all (XLA rejects a gather from an empty axis).
+    """
+    if x.shape[0] == 0:
+        return jnp.zeros(tuple(rows.shape) + tuple(x.shape[1:]), x.dtype)
+    return x.at[rows].get(mode="fill", fill_value=0)
+
+
 def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:
     """Reshapes a ``[k]`` mask so it broadcasts against ``[k, D1..Dn]`` data."""
     return mask.reshape(mask.shape + (1,) * (ndim - 1))

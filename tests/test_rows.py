@@ -1,0 +1,228 @@
+"""pull_rows, take and retain against dense numpy oracles, eager and jitted."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+import jaxsparse_rows as jsr
+
+DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.int32]
+
+
+def _table(rng, shape, dtype=jnp.float32):
+    return jnp.asarray(rng.standard_normal(shape) * 4).astype(dtype)
+
+
+def _check_pulled(rows, table, ids):
+    """The oracle: sorted unique ids, their table rows, padding (id V, zero data)."""
+    table = np.asarray(table)
+    v = table.shape[0]
+    ids = np.asarray(ids).reshape(-1)
+    uniq = np.unique(ids[(ids >= 0) & (ids < v)])
+    idx = np.asarray(rows.indices)
+    data = np.asarray(rows.data)
+    assert rows.shape == table.shape
+    assert idx.shape[0] == rows.capacity
+    np.testing.assert_array_equal(idx[: len(uniq)], uniq)
+    np.testing.assert_array_equal(idx[len(uniq) :], v)
+    np.testing.assert_array_equal(data[: len(uniq)], table[uniq])
+    assert not np.any(data[len(uniq) :])
+    dense = np.zeros_like(table)
+    dense[uniq] = table[uniq]
+    np.testing.assert_array_equal(np.asarray(rows.todense()), dense)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "table_shape,ids_shape",
+    [((10, 3), (7,)), ((10,), (4, 2)), ((6, 2, 3), (5,)), ((1, 4), (3,)), ((10, 3), (0,))],
+)
+def test_pull_rows_matches_oracle(jit_mode, rng, dtype, table_shape, ids_shape):
+    table = _table(rng, table_shape, dtype)
+    ids = jnp.asarray(rng.integers(0, table_shape[0], size=ids_shape), jnp.int32)
+    rows = jit_mode(jsr.pull_rows)(table, ids)
+    assert rows.dtype == dtype
+    assert rows.capacity == int(np.prod(ids_shape))
+    _check_pulled(rows, table, ids)
+
+
+def test_pull_rows_explicit_size_pads(jit_mode, rng):
+    table = _table(rng, (8, 2))
+    ids = jnp.array([5, 1, 5, 5])
+    rows = jit_mode(lambda t, i: jsr.pull_rows(t, i, size=6))(table, ids)
+    assert rows.capacity == 6
+    _check_pulled(rows, table, ids)
+
+
+def test_pull_rows_zero_rows_table(jit_mode):
+    table = jnp.zeros((0, 3))
+    rows = jit_mode(jsr.pull_rows)(table, jnp.zeros((0,), jnp.int32))
+    assert rows.shape == (0, 3) and rows.capacity == 0
+    assert rows.todense().shape == (0, 3)
+
+
+def test_pull_rows_ignores_padding_id(rng):
+    """Padded CSR column ids equal V; pull_rows treats them as padding."""
+    table = _table(rng, (5, 2))
+    rows = jsr.pull_rows(table, jnp.array([2, 5, 5, 0]))
+    _check_pulled(rows, table, np.array([2, 0]))
+    assert int(rows.nnz_rows) == 2
+
+
+@given(
+    v=st.integers(1, 40),
+    d=st.integers(0, 4),
+    ids=st.lists(st.integers(0, 39), min_size=0, max_size=30),
+    extra=st.integers(0, 5),
+)
+def test_pull_rows_property(v, d, ids, extra):
+    ids = np.array([i % v for i in ids], np.int32)
+    table = jnp.asarray(np.arange(v * max(d, 1), dtype=np.float32).reshape(v, max(d, 1)) + 1)
+    size = len(np.unique(ids)) + extra
+    rows = jax.jit(lambda t, i: jsr.pull_rows(t, i, size=size))(table, jnp.asarray(ids))
+    _check_pulled(rows, table, ids)
+
+
+def test_pull_rows_overflow_raises_when_concrete():
+    with pytest.raises(ValueError, match="more distinct rows than `size` = 2"):
+        jsr.pull_rows(jnp.ones((10, 2)), jnp.array([1, 2, 3]), size=2)
+
+
+def test_pull_rows_overflow_reported_by_checkify_under_jit():
+    f = jax.jit(lambda t, i: jsr.pull_rows(t, i, size=2))
+    rows = f(jnp.ones((10, 2)), jnp.array([1, 2, 3]))  # unchecked: no error, 2 rows kept
+    np.testing.assert_array_equal(np.asarray(rows.indices), [1, 2])
+    checked = checkify.checkify(f, errors=checkify.user_checks)
+    err, _ = checked(jnp.ones((10, 2)), jnp.array([1, 2, 3]))
+    assert "more distinct rows than `size` = 2" in str(err.get())
+    err, _ = checked(jnp.ones((10, 2)), jnp.array([1, 2, 1]))
+    assert err.get() is None
+
+
+@pytest.mark.parametrize(
+    "table,ids,size,exc,match",
+    [
+        (np.ones((4, 2)), [0, 7], None, ValueError, r"`ids` must lie in \[0, 4\).*got 7"),
+        (np.ones((4, 2)), [-1, 2], None, ValueError, r"`ids` must lie in \[0, 4\).*got -1"),
+        (np.ones((4, 2)), [0.5, 1.0], None, TypeError, "`ids` must have an integer dtype"),
+        (np.ones((4, 2)), [0, 1], -1, ValueError, "`size` must be an int >= 0"),
+        (np.ones((4, 2)), [0, 1], 1.5, ValueError, "`size` must be an int >= 0"),
+        (np.float32(1.0), [0], None, ValueError, "`table` must be at least 1-D"),
+    ],
+)
+def test_pull_rows_bad_input(table, ids, size, exc, match):
+    with pytest.raises(exc, match=match):
+        jsr.pull_rows(table, ids, size=size)
+
+
+def test_pull_rows_traced_size_is_an_error():
+    with pytest.raises(TypeError, match="`size` must be a concrete Python int"):
+        jax.jit(lambda t, i, s: jsr.pull_rows(t, i, size=s))(jnp.ones((3, 1)), jnp.array([0]), 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ids_shape", [(6,), (3, 4), (0,), (2, 0, 3)])
+def test_take_matches_oracle(jit_mode, rng, dtype, ids_shape):
+    v = 9
+    table = _table(rng, (v, 2, 3), dtype)
+    stored = jnp.array([1, 4, 6])
+    rows = jsr.pull_rows(table, stored, size=5)  # two padding slots
+    ids = jnp.asarray(rng.integers(0, v, size=ids_shape), jnp.int32)
+    out = jit_mode(jsr.take)(rows, ids)
+    dense = np.asarray(rows.todense())
+    expected = dense[np.asarray(ids)]
+    assert out.shape == tuple(ids_shape) + (2, 3) and out.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+def test_take_unstored_rows_read_zero_and_empty_capacity(jit_mode):
+    empty = jsr.zeros("row_sparse", (5, 2))
+    out = jit_mode(jsr.take)(empty, jnp.array([0, 4, 4]))
+    np.testing.assert_array_equal(np.asarray(out), np.zeros((3, 2), np.float32))
+
+
+def test_take_padding_id_reads_zero_not_padding_slot():
+    rows = jsr.pull_rows(jnp.ones((4, 2)), jnp.array([1, 1]))  # capacity 2, one padding slot
+    out = jsr.take(rows, jnp.array([4, 1]))  # 4 == N: the padding id
+    np.testing.assert_array_equal(np.asarray(out), [[0, 0], [1, 1]])
+
+
+def test_take_dense_table(jit_mode):
+    table = jnp.arange(8.0).reshape(4, 2)
+    out = jit_mode(jsr.take)(table, jnp.array([[3, 0]]))
+    np.testing.assert_array_equal(np.asarray(out), [[[6, 7], [0, 1]]])
+
+
+@pytest.mark.parametrize(
+    "ids,exc,match",
+    [
+        ([9], ValueError, r"`ids` must lie in \[0, 6\)"),
+        ([-2], ValueError, r"`ids` must lie in \[0, 6\)"),
+        ([1.0], TypeError, "`ids` must have an integer dtype"),
+    ],
+)
+def test_take_bad_input(ids, exc, match):
+    rows = jsr.pull_rows(jnp.ones((6, 2)), jnp.array([1]))
+    with pytest.raises(exc, match=match):
+        jsr.take(rows, ids)
+
+
+def test_take_csr_is_a_type_error():
+    with pytest.raises(TypeError, match="`take` needs a RowSparse or dense `x`"):
+        jsr.take(jsr.zeros("csr", (2, 2)), [0])
+
+
+def test_retain_seed_example(jit_mode):
+    """Seed 000/001 'Retain Row Slices': retain rows 0 and 1 of rows {0, 2, 3}."""
+    rsp = jsr.row_sparse_array(([[1, 2], [3, 4], [5, 6]], [0, 2, 3]), shape=(5, 2))
+    np.testing.assert_array_equal(
+        rsp.asnumpy(), np.array([[1, 2], [0, 0], [3, 4], [5, 6], [0, 0]], np.float32)
+    )
+    kept = jit_mode(jsr.retain)(rsp, jnp.array([0, 1]))
+    assert kept.stype == "row_sparse" and kept.shape == (5, 2)
+    np.testing.assert_array_equal(
+        kept.asnumpy(), np.array([[1, 2], [0, 0], [0, 0], [0, 0], [0, 0]], np.float32)
+    )
+    # Requested rows the input lacks come back as (zero) rows of the result.
+    np.testing.assert_array_equal(np.asarray(kept.indices), [0, 1])
+
+
+@given(
+    stored=st.sets(st.integers(0, 11), max_size=12),
+    wanted=st.lists(st.integers(0, 11), max_size=10),
+)
+def test_retain_property(stored, wanted):
+    stored = sorted(stored)
+    data = np.arange(len(stored) * 2, dtype=np.float32).reshape(-1, 2) + 1
+    rsp = jsr.row_sparse_array((data, np.array(stored, np.int32)), shape=(12, 2))
+    kept = jax.jit(jsr.retain)(rsp, jnp.asarray(np.array(wanted, np.int32)))
+    expected = np.zeros((12, 2), np.float32)
+    keep = [r for r in set(wanted) if r in stored]
+    expected[keep] = np.asarray(rsp.todense())[keep]
+    np.testing.assert_array_equal(kept.asnumpy(), expected)
+    jsr.check(kept)
+
+
+def test_retain_bad_input():
+    with pytest.raises(TypeError, match="`x` must be a RowSparse"):
+        jsr.retain(jnp.ones((3, 2)), [0])
+    rsp = jsr.zeros("row_sparse", (3, 2))
+    with pytest.raises(ValueError, match=r"`rows` must lie in \[0, 3\)"):
+        jsr.retain(rsp, [5])
+
+
+def test_pull_rows_vmap_over_batches():
+    """vmap over a batch of id sets: each gets its own RowSparse view."""
+    table = jnp.arange(20.0).reshape(10, 2)
+    ids = jnp.array([[1, 3, 1], [9, 0, 0]])
+    rows = jax.vmap(lambda i: jsr.pull_rows(table, i))(ids)
+    assert rows.data.shape == (2, 3, 2)
+    for b in range(2):
+        one = jsr.RowSparse._make(rows.data[b], rows.indices[b], table.shape)
+        _check_pulled(one, table, ids[b])
