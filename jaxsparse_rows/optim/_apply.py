@@ -1,0 +1,56 @@
+"""Applying updates (some of them RowSparse) to dense parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._tree import check_like, gather_rows, is_rowsparse, scatter_rows
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+    """``params + updates`` leaf by leaf; RowSparse updates are scatter-added.
+
+    A RowSparse update adds its ``data`` into the listed rows of the dense
+    parameter (``mode="drop"``, so padding slots are ignored), an O(k) write
+    that XLA performs in place when ``params`` is donated. Dense updates are
+    added as in ``optax.apply_updates``. The parameter dtype is preserved and
+    ``None`` parameters stay ``None``. ``optax.apply_updates`` gives the same
+    result (through ``RowSparse.__radd__``); this version also checks shapes
+    and names the offending parameter.
+
+    Args:
+      params: a pytree of dense arrays.
+      updates: a pytree with the same structure; leaves dense or RowSparse.
+
+    Returns:
+      The updated parameters.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> u = jsr.RowSparse([[1., 2.]], [1], shape=(3, 2))
+      >>> jsr.optim.apply_updates({"w": jnp.zeros((3, 2))}, {"w": u})["w"]
+      Array([[0., 0.],
+             [1., 2.],
+             [0., 0.]], dtype=float32)
+    """
+
+    def leaf(path, p, u):
+        if p is None:
+            return None
+        path = jax.tree_util.keystr(path)
+        check_like(path, u, p)
+        p = jnp.asarray(p)
+        if is_rowsparse(u):
+            dtype = jnp.result_type(p, u.data)
+            if dtype == p.dtype:
+                return p.at[u.indices].add(u.data, mode="drop", indices_are_sorted=True)
+            rows = gather_rows(p, u.indices).astype(dtype) + u.data.astype(dtype)
+            return scatter_rows(p, u.indices, rows)
+        return jnp.asarray(p + u).astype(p.dtype)
+
+    return jax.tree_util.tree_map_with_path(
+        leaf, params, updates, is_leaf=lambda x: x is None
+    )

@@ -1,0 +1,246 @@
+"""RowSparse-aware versions of the small optax transforms that the optimizers
+are chained from, and a wrapper that makes elementwise optax transforms safe
+on RowSparse updates."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .._rowsparse import RowSparse
+from ._tree import (
+    PARAMS_REQUIRED,
+    check_like,
+    gather_rows,
+    is_rowsparse,
+    map_updates,
+    mask_rows,
+)
+
+
+def _scale_leaf(u: Any, factor: jax.Array) -> Any:
+    if is_rowsparse(u):
+        return RowSparse._make(jnp.asarray(factor, u.dtype) * u.data, u.indices, u.shape)
+    return jnp.asarray(factor, jnp.result_type(u)) * u
+
+
+def _tree_scale(updates: Any, factor: jax.Array) -> Any:
+    return map_updates(lambda _, u: (_scale_leaf(u, factor),), updates, n_out=1)[0]
+
+
+class ScaleByLearningRateState(NamedTuple):
+    """State of :func:`scale_by_learning_rate` with a schedule.
+
+    Attributes:
+      count: the number of updates made so far (``int32`` scalar).
+    """
+
+    count: jax.Array
+
+
+def scale_by_learning_rate(
+    learning_rate: optax.ScalarOrSchedule, *, flip_sign: bool = True
+) -> optax.GradientTransformation:
+    """Scales updates by ``-learning_rate``, RowSparse updates on their ``data`` only.
+
+    ``learning_rate`` is a float or an optax schedule ``count -> lr``; with a
+    schedule the state counts the calls (one global count, advanced on every
+    call whatever rows the gradient lists).
+
+    Args:
+      learning_rate: a float or an ``optax.Schedule``.
+      flip_sign: multiply by ``-learning_rate`` (descent) when True.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> g = jsr.RowSparse([[1., 2.]], [1], shape=(3, 2))
+      >>> tx = jsr.optim.scale_by_learning_rate(0.5)
+      >>> u, _ = tx.update(g, tx.init(jnp.zeros((3, 2))))
+      >>> u.data, u.indices
+      (Array([[-0.5, -1. ]], dtype=float32), Array([1], dtype=int32))
+    """
+    sign = -1.0 if flip_sign else 1.0
+    if callable(learning_rate):
+
+        def init_sched(params):
+            del params
+            return ScaleByLearningRateState(count=jnp.zeros([], jnp.int32))
+
+        def update_sched(updates, state, params=None):
+            del params
+            step = sign * learning_rate(state.count)
+            out = _tree_scale(updates, step)
+            return out, ScaleByLearningRateState(optax.safe_increment(state.count))
+
+        return optax.GradientTransformation(init_sched, update_sched)
+
+    def update_fn(updates, state, params=None):
+        del params
+        return _tree_scale(updates, sign * learning_rate), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def add_decayed_weights(
+    weight_decay: float = 0.0, lazy: bool = True
+) -> optax.GradientTransformation:
+    """Adds ``weight_decay * params`` to the updates (decoupled weight decay).
+
+    On a RowSparse update with ``lazy=True`` only the listed rows are decayed
+    (the result stays RowSparse); with ``lazy=False`` the update is densified
+    and every row is decayed, as ``optax.add_decayed_weights`` does.
+
+    Args:
+      weight_decay: the decay coefficient.
+      lazy: decay only the listed rows of RowSparse updates.
+
+    Returns:
+      An ``optax.GradientTransformation`` (needs ``params`` in ``update``).
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> u = jsr.RowSparse([[1., 1.]], [0], shape=(2, 2))
+      >>> tx = jsr.optim.add_decayed_weights(0.5)
+      >>> out, _ = tx.update(u, tx.init(None), jnp.full((2, 2), 2.))
+      >>> out.asnumpy()
+      array([[2., 2.],
+             [0., 0.]], dtype=float32)
+    """
+
+    def update_fn(updates, state, params=None):
+        if weight_decay == 0.0:
+            return updates, state
+        if params is None:
+            raise ValueError(PARAMS_REQUIRED.format(name="add_decayed_weights"))
+
+        def leaf(path, u, p):
+            check_like(path, u, p)
+            if is_rowsparse(u):
+                if lazy:
+                    rows = gather_rows(p, u.indices)
+                    data = mask_rows(u.data + weight_decay * rows, u.indices, u.shape[0])
+                    return (RowSparse._make(data, u.indices, u.shape),)
+                u = u.todense()
+            return (u + weight_decay * p,)
+
+        return map_updates(leaf, updates, params, n_out=1)[0], state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Clips updates to a global L2 norm, counting only real rows of RowSparse leaves.
+
+    Same rule as ``optax.clip_by_global_norm``: when the norm of all leaves
+    together exceeds ``max_norm`` every leaf is multiplied by
+    ``max_norm / norm``. RowSparse leaves contribute their real rows (padding
+    slots are ignored) and are scaled on ``data`` only, keeping ``indices``.
+
+    Args:
+      max_norm: the largest allowed global norm.
+
+    Returns:
+      A stateless ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> g = {"emb": jsr.RowSparse([[3., 4.]], [1], shape=(5, 2)), "b": jnp.zeros(2)}
+      >>> tx = jsr.optim.clip_by_global_norm(1.0)
+      >>> u, _ = tx.update(g, tx.init(None))
+      >>> u["emb"].data, u["emb"].indices
+      (Array([[0.6, 0.8]], dtype=float32), Array([1], dtype=int32))
+    """
+
+    def update_fn(updates, state, params=None):
+        del params
+
+        def sq(_, u):
+            if is_rowsparse(u):
+                data = mask_rows(u.data, u.indices, u.shape[0])
+                return (jnp.sum(jnp.square(data.astype(jnp.float32))),)
+            return (jnp.sum(jnp.square(jnp.asarray(u, jnp.float32))),)
+
+        sums = jax.tree.leaves(map_updates(sq, updates, n_out=1)[0])
+        g_norm = jnp.sqrt(sum(sums, jnp.zeros([], jnp.float32)))
+        trigger = g_norm < max_norm
+
+        def clip(_, u):
+            data = u.data if is_rowsparse(u) else u
+            out = jnp.where(trigger, data, (data / g_norm.astype(data.dtype)) * max_norm)
+            out = out.astype(data.dtype)
+            return (RowSparse._make(out, u.indices, u.shape) if is_rowsparse(u) else out,)
+
+        return map_updates(clip, updates, n_out=1)[0], state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Lifts an elementwise optax transform so it acts on RowSparse ``data`` only.
+
+    Plain optax transforms ``tree_map`` over every leaf, and a RowSparse leaf
+    has two: ``data`` and ``indices``; ``optax.scale(-1.0)`` would negate the
+    row ids. The lifted transform hands ``inner`` each RowSparse update's
+    ``data`` (``[k, ...]``) and, when ``params`` are given, the matching
+    ``[k, ...]`` rows of the parameter, then rebuilds the RowSparse with the
+    same ``indices`` and zeroed padding. So ``add_decayed_weights`` lifted
+    decays only the listed rows (the lazy rule).
+
+    ``inner`` must be elementwise (each output element depends on the same
+    element of updates/params only) and its state must hold no per-parameter
+    arrays (scalars such as a step count are fine): ``init`` raises otherwise.
+
+    Args:
+      inner: e.g. ``optax.scale(-1.0)``, ``optax.clip(1.0)``,
+        ``optax.add_decayed_weights(1e-4)``, ``optax.scale_by_schedule(f)``.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp, optax
+      >>> g = jsr.RowSparse([[1., -2.]], [2], shape=(4, 2))
+      >>> tx = jsr.optim.lift_elementwise(optax.scale(-1.0))
+      >>> u, _ = tx.update(g, tx.init(jnp.zeros((4, 2))))
+      >>> u.data, u.indices
+      (Array([[-1.,  2.]], dtype=float32), Array([2], dtype=int32))
+    """
+
+    def init_fn(params):
+        state = inner.init(params)
+        for leaf in jax.tree.leaves(state):
+            if jnp.ndim(leaf) > 0:
+                raise TypeError(
+                    "`lift_elementwise` needs a transform whose state holds no per-parameter "
+                    f"arrays, but `inner.init` returned a state with an array of shape "
+                    f"{tuple(jnp.shape(leaf))}. Use a lazy optimizer from `jsr.optim` for "
+                    "stateful rules."
+                )
+        return state
+
+    def update_fn(updates, state, params=None):
+        def split(path, u, p):
+            if is_rowsparse(u):
+                check_like(path, u, p)
+                rows = None if p is None else gather_rows(p, u.indices)
+                return u.data, rows
+            return u, p
+
+        data, rows = map_updates(split, updates, params, n_out=2)
+        new_data, state = inner.update(data, state, None if params is None else rows)
+
+        def join(_, u, d):
+            if is_rowsparse(u):
+                d = mask_rows(jnp.asarray(d), u.indices, u.shape[0])
+                return (RowSparse._make(d, u.indices, u.shape),)
+            return (d,)
+
+        return map_updates(join, updates, new_data, n_out=1)[0], state
+
+    return optax.GradientTransformation(init_fn, update_fn)

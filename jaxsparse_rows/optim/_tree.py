@@ -1,0 +1,155 @@
+"""Helpers to walk gradient pytrees whose leaves may be RowSparse, and the
+gather / compute / scatter kernel every lazy rule shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._rowsparse import RowSparse
+from .._util import broadcast_row_mask
+
+PARAMS_REQUIRED = (
+    "{name} needs the current parameters: call `update(grads, state, params)` "
+    "with `params` (got `params=None`)."
+)
+
+
+def is_rowsparse(x: Any) -> bool:
+    """True for a :class:`~jaxsparse_rows.RowSparse` leaf."""
+    return isinstance(x, RowSparse)
+
+
+def _is_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, RowSparse)
+
+
+def path_name(path: str) -> str:
+    """``params['emb']``: how errors name a leaf (``path`` is a ``keystr``)."""
+    return f"params{path}"
+
+
+def map_updates(
+    fn: Callable[..., tuple[Any, ...]],
+    updates: Any,
+    *others: Any,
+    n_out: int,
+) -> tuple[Any, ...]:
+    """Maps ``fn(path, update_leaf, *other_leaves)`` over the leaves of ``updates``.
+
+    RowSparse objects and ``None`` are leaves of ``updates``; every tree in
+    ``others`` is flattened up to that structure (a ``None`` other tree gives
+    ``None`` leaves). ``fn`` returns an ``n_out``-tuple; the result is a tuple of
+    ``n_out`` trees with the structure of ``updates``. ``None`` update leaves
+    are not passed to ``fn``: they give ``None`` in the first output and the
+    other trees' leaves unchanged in the rest.
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=_is_leaf)
+    flat_others = [
+        [None] * len(flat) if o is None else treedef.flatten_up_to(o) for o in others
+    ]
+    outs = []
+    for i, (path, leaf) in enumerate(flat):
+        rest = [fo[i] for fo in flat_others]
+        if leaf is None:
+            outs.append((None, *rest[: n_out - 1]))
+        else:
+            outs.append(tuple(fn(jax.tree_util.keystr(path), leaf, *rest)))
+    return tuple(treedef.unflatten([o[j] for o in outs]) for j in range(n_out))
+
+
+def check_like(path: str, grad: Any, like: Any, what: str = "parameter") -> None:
+    """Raises when the gradient leaf's (dense) shape differs from ``like``'s."""
+    if like is None:
+        return
+    gshape = tuple(grad.shape)
+    lshape = tuple(jnp.shape(like))
+    if gshape != lshape:
+        kind = "a RowSparse gradient" if is_rowsparse(grad) else "a dense gradient"
+        raise ValueError(
+            f"the gradient for `{path_name(path)}` is {kind} of shape {gshape}, but the "
+            f"{what} has shape {lshape}. Gradients must have exactly the shape of their "
+            "parameter (check which gradient leaf goes with which parameter)."
+        )
+
+
+def check_dense_params(params: Any, name: str) -> None:
+    """``init`` takes dense parameters: RowSparse parameters are rejected."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_leaf)[0]:
+        if is_rowsparse(leaf):
+            raise TypeError(
+                f"`{name}.init` got a RowSparse parameter at "
+                f"`{path_name(jax.tree_util.keystr(path))}`. Parameters (and therefore "
+                "optimizer state) are dense arrays; only gradients and updates are "
+                "RowSparse. Pass `params` densified (`x.todense()`)."
+            )
+
+
+def gather_rows(x: jax.Array, indices: jax.Array) -> jax.Array:
+    """Rows of a dense ``x`` at ``indices`` (padding ids give zero rows)."""
+    return x.at[indices].get(mode="fill", fill_value=0, indices_are_sorted=True)
+
+
+def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array:
+    """``x`` with rows ``indices`` replaced by ``rows`` (padding ids dropped)."""
+    return x.at[indices].set(rows.astype(x.dtype), mode="drop", indices_are_sorted=True)
+
+
+def mask_rows(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:
+    """Zeros the padding slots of ``data`` so updates keep the RowSparse invariant."""
+    mask = broadcast_row_mask(indices < n_rows, data.ndim)
+    return jnp.where(mask, data, jnp.zeros((), data.dtype))
+
+
+Rule = Callable[[jax.Array, Sequence[jax.Array], Any], tuple[jax.Array, Sequence[jax.Array]]]
+
+
+def apply_rule(
+    path: str,
+    grad: Any,
+    states: Sequence[jax.Array],
+    param: Any,
+    rule: Rule,
+    *,
+    lazy: bool,
+) -> tuple[Any, tuple[jax.Array, ...]]:
+    """Applies an elementwise (or row-wise) update ``rule`` to one leaf.
+
+    ``rule(g, state_rows, param_rows) -> (update, new_state_rows)`` is written
+    once for dense arrays and used on ``[k, ...]`` row blocks. A RowSparse
+    ``grad`` with ``lazy=True`` gathers the listed rows of every state array
+    (and of ``param`` when given), runs ``rule`` on them and scatters the new
+    rows back: O(k) rows of work, the state arrays updated in place under jit
+    with donation. Otherwise the gradient is densified and ``rule`` runs on
+    whole arrays. State dtypes are preserved.
+    """
+    like = states[0] if states else param
+    check_like(path, grad, like, "optimizer state (shaped like the parameter)")
+    if param is not None and states:
+        check_like(path, grad, param)
+    if is_rowsparse(grad):
+        if lazy:
+            idx = grad.indices
+            rows = [gather_rows(s, idx) for s in states]
+            prow = None if param is None else gather_rows(param, idx)
+            upd, new_rows = rule(grad.data, rows, prow)
+            upd = mask_rows(upd, idx, grad.shape[0])
+            pairs = zip(states, new_rows, strict=True)
+            new_states = tuple(scatter_rows(s, idx, r) for s, r in pairs)
+            return RowSparse._make(upd, idx, grad.shape), new_states
+        grad = grad.todense()
+    grad = jnp.asarray(grad)
+    upd, new = rule(grad, list(states), param)
+    return upd, tuple(n.astype(s.dtype) for s, n in zip(states, new, strict=True))
+
+
+def zeros_like_params(params: Any, dtype: Any = None, fill: float = 0.0) -> Any:
+    """Dense state arrays shaped like each (dense) parameter leaf."""
+    return jax.tree.map(
+        lambda p: None if p is None else jnp.full(jnp.shape(p), fill, dtype or jnp.result_type(p)),
+        params,
+        is_leaf=lambda x: x is None,
+    )

@@ -1,0 +1,114 @@
+"""lazy_sgd: the MXNet seed step, a numpy oracle over 50 steps, lazy=False vs optax."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_optim_common import grad_sequence, run_steps
+
+import jaxsparse_rows as jsr
+
+
+def test_seed_mxnet_lazy_sgd(jit_mode):
+    # Seed 000: weight ones(4, 2), grad rows [1, 2], lr 0.01, momentum 0.01.
+    w = jnp.ones((4, 2))
+    g = jsr.row_sparse_array(([[1, 2], [4, 5]], [1, 2]), shape=(4, 2))
+    opt = jsr.optim.lazy_sgd(learning_rate=0.01, momentum=0.01)
+
+    def step(w, s, g):
+        u, s = opt.update(g, s, w)
+        return jsr.optim.apply_updates(w, u), s
+
+    w, state = jit_mode(step)(w, opt.init(w), g)
+    np.testing.assert_allclose(
+        np.asarray(w), [[1, 1], [0.99, 0.98], [0.96, 0.95], [1, 1]], rtol=1e-6
+    )
+    np.testing.assert_allclose(np.asarray(state[0].trace), [[0, 0], [1, 2], [4, 5], [0, 0]])
+
+
+def numpy_sgd(w, grads, lr, momentum, nesterov, wd, rescale, clip, lazy):
+    w = np.array(w, np.float64)
+    m = np.zeros_like(w)
+    for _, dense, rows in grads:
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = rescale * dense[rr]
+        if clip is not None:
+            g = np.clip(g, -clip, clip)
+        g = g + wd * w[rr]
+        m[rr] = momentum * m[rr] + g
+        u = g + momentum * m[rr] if nesterov else m[rr]
+        w[rr] -= lr * u
+    return w, m
+
+
+CONFIGS = [
+    dict(momentum=0.0, nesterov=False, weight_decay=0.0, rescale_grad=1.0, clip_gradient=None),
+    dict(momentum=0.9, nesterov=False, weight_decay=0.0, rescale_grad=1.0, clip_gradient=None),
+    dict(momentum=0.9, nesterov=True, weight_decay=0.01, rescale_grad=0.5, clip_gradient=0.3),
+    dict(momentum=0.0, nesterov=False, weight_decay=0.05, rescale_grad=2.0, clip_gradient=1.0),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("jit", [False, True])
+def test_lazy_sgd_matches_numpy(cfg, lazy, jit):
+    grads = grad_sequence(0, 50, 12, (3,), capacity=5)
+    w0 = np.random.default_rng(1).normal(size=(12, 3)).astype(np.float32)
+    opt = jsr.optim.lazy_sgd(0.05, lazy=lazy, **cfg)
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    w_np, m_np = numpy_sgd(w0, grads, 0.05, lazy=lazy, **{
+        k.replace("weight_decay", "wd").replace("rescale_grad", "rescale")
+        .replace("clip_gradient", "clip"): v for k, v in cfg.items()})
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=2e-5, atol=2e-5)
+    if cfg["momentum"]:
+        np.testing.assert_allclose(np.asarray(state[0].trace), m_np, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lazy_false_equals_optax_sgd(nesterov):
+    grads = grad_sequence(2, 20, 10, (2, 3), capacity=4)
+    w0 = jnp.asarray(np.random.default_rng(3).normal(size=(10, 2, 3)), jnp.float32)
+    ours = jsr.optim.lazy_sgd(0.1, momentum=0.8, nesterov=nesterov, lazy=False)
+    ref = optax.sgd(0.1, momentum=0.8, nesterov=nesterov)
+    w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
+    w2, _ = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
+                      apply=optax.apply_updates)
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
+
+
+def test_lazy_sgd_without_momentum_is_exactly_dense():
+    grads = grad_sequence(4, 10, 8, (2,), capacity=3)
+    w0 = jnp.asarray(np.random.default_rng(5).normal(size=(8, 2)), jnp.float32)
+    w1, _ = run_steps(jsr.optim.lazy_sgd(0.3), w0, [g for g, _, _ in grads], jit=False)
+    w2, _ = run_steps(optax.sgd(0.3), w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
+                      jit=False, apply=optax.apply_updates)
+    np.testing.assert_array_equal(np.asarray(w1), np.asarray(w2))
+
+
+def test_lazy_sgd_untouched_rows_keep_momentum():
+    opt = jsr.optim.lazy_sgd(1.0, momentum=0.5)
+    w = jnp.zeros((3, 1))
+    s = opt.init(w)
+    u, s = opt.update(jsr.RowSparse([[1.0], [1.0]], [0, 1], shape=(3, 1)), s, w)
+    w = jsr.optim.apply_updates(w, u)
+    u, s = opt.update(jsr.RowSparse([[1.0]], [0], shape=(3, 1)), s, w)
+    w = jsr.optim.apply_updates(w, u)
+    # row 0: m = 1 then 1.5; row 1: m = 1 and frozen; row 2 never touched.
+    np.testing.assert_allclose(np.asarray(s[0].trace)[:, 0], [1.5, 1.0, 0.0])
+    np.testing.assert_allclose(np.asarray(w)[:, 0], [-2.5, -1.0, 0.0])
+    assert u.indices.tolist() == [0]
+
+
+def test_weight_decay_needs_params():
+    opt = jsr.optim.lazy_sgd(0.1, weight_decay=0.1)
+    g = jsr.RowSparse([[1.0]], [0], shape=(2, 1))
+    with pytest.raises(ValueError, match="params"):
+        opt.update(g, opt.init(jnp.zeros((2, 1))))
+
+
+def test_bad_lazy_value():
+    with pytest.raises(ValueError, match="`lazy`"):
+        jsr.optim.lazy_sgd(0.1, lazy="yes")
