@@ -1,0 +1,463 @@
+"""Shared machinery of the benchmark programs: argument parsing, timing with
+warm-up and compile accounting, tables, target checks and ``--json`` records.
+
+A benchmark builds a list of :class:`Contender` s. Each one has a ``setup``
+function returning a zero-argument ``step`` callable that runs one iteration
+(and keeps its own state, e.g. donated optimizer buffers) and returns something
+to block on. :func:`measure` runs every contender in this process:
+
+* the first call is timed on its own and reported as ``first call``; the JAX
+  compile time inside it (tracing + lowering + XLA compilation, from
+  ``jax.monitoring`` events) is reported as ``compile``;
+* a few more warm-up calls follow, then ``runs`` timed calls, interleaved
+  round-robin between contenders so that load from other processes on a shared
+  machine hits them alike; a slow contender stops after ``budget_s`` seconds
+  (but never before ``min_runs`` calls);
+* every timed call blocks with ``jax.block_until_ready`` (torch and numpy calls
+  are synchronous); compilations during the timed calls are counted, so a step
+  that recompiles shows up.
+
+Ratios are computed from medians. A contender whose package is missing (or
+that the library does not provide yet) raises :class:`Skip` from ``setup`` and
+is reported with a notice instead of failing the program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import importlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results.jsonl"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+# Packages the user asked to treat as absent (``--without``).
+_WITHOUT: set[str] = set()
+
+
+class Skip(Exception):
+    """Raised by a contender's ``setup`` when it cannot run here (with the reason)."""
+
+
+def require(module: str) -> Any:
+    """Imports ``module`` or raises :class:`Skip` saying it is not installed."""
+    top = module.split(".")[0]
+    if top in _WITHOUT or module in _WITHOUT:
+        raise Skip(f"`{module}` disabled with --without")
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise Skip(f"`{module}` is not installed ({e})") from None
+
+
+def require_attr(obj: Any, dotted: str, what: str) -> Any:
+    """``obj.a.b`` or :class:`Skip` saying the library does not provide it yet."""
+    cur = obj
+    for part in dotted.split("."):
+        if not hasattr(cur, part):
+            raise Skip(f"{what}: `{dotted}` not available yet in this jaxsparse_rows")
+        cur = getattr(cur, part)
+    return cur
+
+
+class _CompileMonitor:
+    """Sums JAX compile-related event durations and counts XLA compilations."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.compiles = 0
+
+    def __call__(self, event: str, duration: float, **_: Any) -> None:
+        if event in _COMPILE_EVENTS:
+            self.seconds += duration
+        if event == _BACKEND_COMPILE:
+            self.compiles += 1
+
+    def __enter__(self) -> _CompileMonitor:
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self)
+
+
+def block(out: Any) -> Any:
+    """Waits for every JAX array in ``out``; other values pass through."""
+    return jax.block_until_ready(out)
+
+
+@dataclass
+class Contender:
+    """One implementation of a workload.
+
+    Attributes:
+      name: row label in the table (and key in the JSON record).
+      setup: builds state and returns ``step()``; raises :class:`Skip` when
+        unavailable. Called once.
+      jax: whether the step is JAX code (compile time is then reported).
+    """
+
+    name: str
+    setup: Callable[[], Callable[[], Any]]
+    jax: bool = True
+
+
+@dataclass
+class Result:
+    name: str
+    times: list[float] = field(default_factory=list)
+    first_s: float = math.nan
+    compile_s: float = math.nan
+    compiles_first: int = 0
+    compiles_timed: int = 0
+    skipped: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.times else math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {
+            "median_ms": self.median * 1e3,
+            "min_ms": min(self.times) * 1e3,
+            "max_ms": max(self.times) * 1e3,
+            "runs": len(self.times),
+            "first_call_ms": self.first_s * 1e3,
+            "compile_s": None if math.isnan(self.compile_s) else self.compile_s,
+            "compiles_in_first_call": self.compiles_first,
+            "compiles_in_timed_runs": self.compiles_timed,
+        }
+
+
+def _call(step: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    block(step())
+    return time.perf_counter() - t0
+
+
+def measure(
+    contenders: Sequence[Contender],
+    runs: int,
+    *,
+    warmup: int = 2,
+    min_runs: int = 3,
+    budget_s: float = 10.0,
+    interleave: bool = True,
+) -> dict[str, Result]:
+    """Times every contender; returns ``{name: Result}`` (skipped ones included).
+
+    With ``interleave`` all contenders are set up first and timed round-robin;
+    without it each is set up, timed and released before the next (for sizes
+    where all states do not fit in memory together).
+    """
+    results: dict[str, Result] = {}
+    steps: dict[str, Callable[[], Any]] = {}
+
+    def start(c: Contender) -> None:
+        res = results[c.name] = Result(c.name)
+        try:
+            step = c.setup()
+        except Skip as e:
+            res.skipped = str(e)
+            print(f"  [skip] {c.name}: {e}", flush=True)
+            return
+        with _CompileMonitor() as mon:
+            res.first_s = _call(step)
+        if c.jax:
+            res.compile_s = mon.seconds
+        res.compiles_first = mon.compiles
+        for _ in range(warmup):
+            _call(step)
+        steps[c.name] = step
+
+    def timed(name: str) -> None:
+        res = results[name]
+        with _CompileMonitor() as mon:
+            res.times.append(_call(steps[name]))
+        res.compiles_timed += mon.compiles
+
+    def wants_more(name: str) -> bool:
+        res = results[name]
+        n = len(res.times)
+        return n < runs and (n < min_runs or sum(res.times) < budget_s)
+
+    if interleave:
+        for c in contenders:
+            start(c)
+        while any(wants_more(n) for n in steps):
+            for name in list(steps):
+                if wants_more(name):
+                    timed(name)
+    else:
+        for c in contenders:
+            start(c)
+            if c.name in steps:
+                while wants_more(c.name):
+                    timed(c.name)
+                del steps[c.name]
+                gc.collect()
+    steps.clear()
+    gc.collect()
+    return results
+
+
+@dataclass
+class Target:
+    """``median(slow) / median(fast) >= at_least``: "fast is at least Nx faster".
+
+    ``within`` targets ("no slower than the floor by more than 1.25x") use
+    ``at_least = 1 / 1.25`` with the floor as ``slow``; :meth:`describe` words
+    it either way.
+    """
+
+    label: str
+    fast: str
+    slow: str
+    at_least: float
+
+    def ratio(self, results: dict[str, Result]) -> float | None:
+        a, b = results.get(self.fast), results.get(self.slow)
+        if not a or not b or not a.times or not b.times:
+            return None
+        return b.median / a.median
+
+    def check(self, results: dict[str, Result]) -> dict[str, Any]:
+        r = self.ratio(results)
+        if r is None:
+            verdict = "n/a"
+        else:
+            verdict = "PASS" if r >= self.at_least else "MISS"
+        return {
+            "label": self.label,
+            "fast": self.fast,
+            "slow": self.slow,
+            "ratio": r,
+            "at_least": self.at_least,
+            "verdict": verdict,
+        }
+
+
+def _fmt_ms(s: float) -> str:
+    ms = s * 1e3
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    return f"{ms:.2f}"
+
+
+def print_table(title: str, results: dict[str, Result], reference: str | None = None) -> None:
+    """Prints one table: median/min/max ms, runs, first call, compile, ratio."""
+    print(f"\n## {title}")
+    ref = results.get(reference) if reference else None
+    ref_med = ref.median if ref and ref.times else math.nan
+    head = (
+        f"| {'contender':<34} | {'median ms':>9} | {'min':>8} | {'max':>8} | {'runs':>4} "
+        f"| {'1st call ms':>11} | {'compile s':>9} | {'recompiles':>10} | "
+        f"{'vs ref':>7} |"
+    )
+    if reference:
+        print(f"(vs ref = median / median of `{reference}`)")
+    print(head)
+    print("|" + "|".join("-" * (len(p)) for p in head.split("|")[1:-1]) + "|")
+    for name, r in results.items():
+        if r.skipped:
+            print(f"| {name:<34} | skipped: {r.skipped}")
+            continue
+        comp = "-" if math.isnan(r.compile_s) else f"{r.compile_s:.2f}"
+        ratio = "" if math.isnan(ref_med) else f"{r.median / ref_med:.2f}x"
+        recompiles = str(r.compiles_timed) if not math.isnan(r.compile_s) else "-"
+        print(
+            f"| {name:<34} | {_fmt_ms(r.median):>9} | {_fmt_ms(min(r.times)):>8} | "
+            f"{_fmt_ms(max(r.times)):>8} | {len(r.times):>4} | {_fmt_ms(r.first_s):>11} | "
+            f"{comp:>9} | {recompiles:>10} | {ratio:>7} |"
+        )
+    sys.stdout.flush()
+
+
+def print_targets(checks: list[dict[str, Any]]) -> None:
+    """Prints each target with its measured ratio and PASS / MISS."""
+    if not checks:
+        return
+    print("\nTargets (ratios of medians):")
+    for c in checks:
+        bound = c["at_least"]
+        want = f">= {bound:.2f}x" if bound >= 1 else f"within {1 / bound:.2f}x"
+        got = "n/a (a contender was skipped)" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        if c["ratio"] is not None and bound < 1:
+            got = f"{1 / c['ratio']:.2f}x of {c['slow']} ({c['ratio']:.2f}x speed)"
+        print(f"  {c['verdict']:<4}  {c['label']}: measured {got}, target {want}")
+    sys.stdout.flush()
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The common command line of every benchmark program."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, few runs (for the tests)")
+    p.add_argument("--sweep", action="store_true", help="also run the scaling sweeps")
+    p.add_argument("--runs", type=int, default=None, help="timed runs per contender")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds of timed runs after which a slow contender stops (min 3 runs)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help=f"append one JSON line per run to {RESULTS_PATH.name}"
+    )
+    p.add_argument("--json-path", type=Path, default=RESULTS_PATH, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="treat a package (torch, scipy, sklearn, jax.experimental.sparse) as not installed",
+    )
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = p.parse_args(argv)
+    _WITHOUT.update(args.without)
+    if args.runs is None:
+        args.runs = 3 if args.smoke else 20
+    if args.budget is None:
+        args.budget = 1.0 if args.smoke else 8.0
+    print(
+        f"# {Path(sys.argv[0]).name}: jax {jax.__version__} on {jax.default_backend()}, "
+        f"{os.cpu_count()} CPUs, {platform.platform()}"
+        + (" [smoke sizes]" if args.smoke else ""),
+        flush=True,
+    )
+    return args
+
+
+class Report:
+    """Collects the tables and target checks of one program run for ``--json``."""
+
+    def __init__(self, benchmark: str, args: argparse.Namespace, config: dict[str, Any]):
+        self.benchmark = benchmark
+        self.args = args
+        self.record: dict[str, Any] = {
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "benchmark": benchmark,
+            "machine": machine_info(),
+            "smoke": bool(args.smoke),
+            "config": config,
+            "tables": {},
+            "targets": [],
+            "extra": {},
+        }
+
+    def table(
+        self,
+        title: str,
+        results: dict[str, Result],
+        targets: Sequence[Target] = (),
+        reference: str | None = None,
+    ) -> list[dict[str, Any]]:
+        print_table(title, results, reference)
+        checks = [t.check(results) for t in targets]
+        for c in checks:
+            c["table"] = title
+        print_targets(checks)
+        self.record["tables"][title] = {k: r.as_dict() for k, r in results.items()}
+        self.record["targets"].extend(checks)
+        return checks
+
+    def add(self, key: str, value: Any) -> None:
+        self.record["extra"][key] = value
+
+    def finish(self) -> None:
+        misses = [c for c in self.record["targets"] if c["verdict"] == "MISS"]
+        held = [c for c in self.record["targets"] if c["verdict"] == "PASS"]
+        print(
+            f"\n{self.benchmark}: {len(held)} target(s) PASS, {len(misses)} MISS, "
+            f"{len(self.record['targets']) - len(held) - len(misses)} n/a"
+        )
+        if self.args.json:
+            path = Path(self.args.json_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps(self.record, default=_json_default) + "\n")
+            print(f"appended a record to {path}")
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def sweep_table(title: str, column: str, rows: list[tuple[Any, dict[str, Result]]]) -> dict:
+    """Prints a sweep: one row per size, one column (median ms) per contender,
+    and the growth of each contender from the first to the last size."""
+    names: list[str] = []
+    for _, res in rows:
+        for n in res:
+            if n not in names:
+                names.append(n)
+    print(f"\n## {title}")
+    print(f"| {column:>10} | " + " | ".join(f"{n:>22}" for n in names) + " |")
+    print("|" + "-" * 12 + "|" + "|".join("-" * 24 for _ in names) + "|")
+    out: dict[str, Any] = {}
+    for size, res in rows:
+        cells = []
+        for n in names:
+            r = res.get(n)
+            cells.append("-" if r is None or not r.times else _fmt_ms(r.median) + " ms")
+            if r is not None and r.times:
+                out.setdefault(n, {})[str(size)] = r.median * 1e3
+        print(f"| {size:>10} | " + " | ".join(f"{c:>22}" for c in cells) + " |")
+    growth = {}
+    for n, by_size in out.items():
+        vals = list(by_size.values())
+        if len(vals) >= 2:
+            growth[n] = vals[-1] / vals[0]
+    if growth:
+        first, last = rows[0][0], rows[-1][0]
+        print(
+            f"growth from {column}={first} to {column}={last}: "
+            + ", ".join(f"{n} {g:.2f}x" for n, g in growth.items())
+        )
+    sys.stdout.flush()
+    return {"ms": out, "growth": growth}

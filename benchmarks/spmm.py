@@ -1,0 +1,184 @@
+"""Sparse x dense products: ``jsr.dot(csr, dense)`` and the transpose product
+``jsr.dot(csr, dense, transpose_a=True)`` (row-sparse result), against scipy,
+``jax.experimental.sparse`` BCSR and torch CSR.
+
+Default workload (issue 6): CSR [1024 x 1,000,000] with 32 entries per row
+times dense [1,000,000 x 64]; and that CSR transposed times dense [1024 x 64].
+
+Targets: ``jsr.dot`` no slower than scipy and no slower than BCSR; the
+transpose product at least 5x faster than scipy's ``csr.T @ dense`` (which
+builds a dense [1,000,000 x 64] result).
+
+Run ``python benchmarks/spmm.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+import jaxsparse_rows as jsr  # noqa: E402
+
+
+def make_csr_arrays(m: int, n: int, per_row: int, seed: int = 0):
+    """``(data, indices, indptr)`` of an [m x n] CSR with ``per_row`` distinct sorted
+    column ids in every row (float32 values)."""
+    rng = np.random.default_rng(seed)
+    per_row = min(per_row, n)
+    cols = np.empty((m, per_row), np.int64)
+    for r in range(m):
+        cols[r] = np.sort(rng.choice(n, per_row, replace=False))
+    data = rng.standard_normal(m * per_row).astype(np.float32)
+    indptr = np.arange(0, m * per_row + 1, per_row, dtype=np.int64)
+    return data, cols.reshape(-1), indptr
+
+
+def forward_contenders(csr_arrays, shape, dense_np: np.ndarray) -> list[h.Contender]:
+    data, indices, indptr = csr_arrays
+
+    def jsr_setup():
+        csr = jsr.csr_matrix((data, indices.astype(np.int32), indptr.astype(np.int32)), shape)
+        dense = jnp.asarray(dense_np)
+        f = jax.jit(jsr.dot)
+        return lambda: f(csr, dense)
+
+    def scipy_setup():
+        sp = h.require("scipy.sparse")
+        mat = sp.csr_matrix((data, indices, indptr), shape=shape)
+        return lambda: mat @ dense_np
+
+    def bcsr_setup():
+        sparse = h.require("jax.experimental.sparse")
+        mat = sparse.BCSR(
+            (jnp.asarray(data), jnp.asarray(indices, jnp.int32), jnp.asarray(indptr, jnp.int32)),
+            shape=shape,
+        )
+        dense = jnp.asarray(dense_np)
+        f = jax.jit(lambda a, b: a @ b)
+        return lambda: f(mat, dense)
+
+    def torch_setup():
+        torch = h.require("torch")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            mat = torch.sparse_csr_tensor(
+                torch.from_numpy(indptr), torch.from_numpy(indices), torch.from_numpy(data), shape
+            )
+        dense = torch.from_numpy(dense_np)
+        return lambda: torch.sparse.mm(mat, dense)
+
+    return [
+        h.Contender("jsr.dot(csr, dense)", jsr_setup),
+        h.Contender("scipy csr @ dense", scipy_setup, jax=False),
+        h.Contender("jax.experimental.sparse BCSR", bcsr_setup),
+        h.Contender("torch sparse_csr @ dense", torch_setup, jax=False),
+    ]
+
+
+def transpose_contenders(csr_arrays, shape, dense_np: np.ndarray) -> list[h.Contender]:
+    data, indices, indptr = csr_arrays
+
+    def jsr_setup():
+        csr = jsr.csr_matrix((data, indices.astype(np.int32), indptr.astype(np.int32)), shape)
+        dense = jnp.asarray(dense_np)
+        f = jax.jit(functools.partial(jsr.dot, transpose_a=True))
+        return lambda: f(csr, dense)
+
+    def scipy_setup():
+        sp = h.require("scipy.sparse")
+        mat = sp.csr_matrix((data, indices, indptr), shape=shape)
+        return lambda: mat.T @ dense_np
+
+    return [
+        h.Contender("jsr.dot(csr, dense, transpose_a)", jsr_setup),
+        h.Contender("scipy csr.T @ dense", scipy_setup, jax=False),
+    ]
+
+
+FWD_TARGETS = [
+    h.Target("jsr.dot no slower than scipy", "jsr.dot(csr, dense)", "scipy csr @ dense", 1.0),
+    h.Target(
+        "jsr.dot no slower than BCSR", "jsr.dot(csr, dense)", "jax.experimental.sparse BCSR", 1.0
+    ),
+]
+T_TARGETS = [
+    h.Target(
+        "transpose product >= 5x faster than scipy (dense result)",
+        "jsr.dot(csr, dense, transpose_a)",
+        "scipy csr.T @ dense",
+        5.0,
+    )
+]
+
+
+def main(argv=None) -> None:
+    p = h.parser(__doc__)
+    p.add_argument("--rows", type=int, default=1024, help="CSR rows M (default 1024)")
+    p.add_argument("--cols", type=int, default=1_000_000, help="CSR columns N (default 1e6)")
+    p.add_argument("--nnz-per-row", type=int, default=32)
+    p.add_argument("--width", type=int, default=64, help="dense columns (default 64)")
+    args = h.parse(p, argv)
+    if args.smoke:
+        args.rows, args.cols, args.nnz_per_row, args.width = 64, 2000, 8, 8
+    m, n, d = args.rows, args.cols, args.width
+    rep = h.Report("spmm", args, {"rows": m, "cols": n, "nnz_per_row": args.nnz_per_row, "d": d})
+    rng = np.random.default_rng(1)
+    arrays = make_csr_arrays(m, n, args.nnz_per_row)
+
+    dense = rng.standard_normal((n, d), dtype=np.float32)
+    res = h.measure(forward_contenders(arrays, (m, n), dense), args.runs, budget_s=args.budget)
+    rep.table(
+        f"CSR [{m} x {n}] ({args.nnz_per_row} nnz/row) @ dense [{n} x {d}]",
+        res,
+        FWD_TARGETS,
+        reference="jsr.dot(csr, dense)",
+    )
+    del dense
+
+    dense_t = rng.standard_normal((m, d), dtype=np.float32)
+    res = h.measure(transpose_contenders(arrays, (m, n), dense_t), args.runs, budget_s=args.budget)
+    rep.table(
+        f"CSR [{m} x {n}].T @ dense [{m} x {d}] (row-sparse vs dense result)",
+        res,
+        T_TARGETS,
+        reference="jsr.dot(csr, dense, transpose_a)",
+    )
+
+    if args.sweep:
+        cols = [100, 1000, 10_000] if args.smoke else [10_000, 100_000, 1_000_000, 10_000_000]
+        rows_fwd, rows_t = [], []
+        for nc in cols:
+            arr = make_csr_arrays(m, nc, args.nnz_per_row)
+            dn = rng.standard_normal((nc, d), dtype=np.float32)
+            cs = forward_contenders(arr, (m, nc), dn)[:2]
+            rows_fwd.append((nc, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            del dn
+            ts = transpose_contenders(arr, (m, nc), dense_t)
+            rows_t.append((nc, h.measure(ts, args.runs, budget_s=args.budget, interleave=False)))
+        rep.add("sweep_cols_forward", h.sweep_table("sweep: CSR columns N, forward", "N", rows_fwd))
+        rep.add("sweep_cols_transpose", h.sweep_table("sweep: CSR columns N, transpose", "N", rows_t))
+        ms = [16, 64] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
+        rows_m = []
+        for mm in ms:
+            arr = make_csr_arrays(mm, n, args.nnz_per_row)
+            dt = rng.standard_normal((mm, d), dtype=np.float32)
+            ts = transpose_contenders(arr, (mm, n), dt)
+            rows_m.append((mm, h.measure(ts, args.runs, budget_s=args.budget, interleave=False)))
+        rep.add(
+            "sweep_rows_transpose",
+            h.sweep_table("sweep: CSR rows M (K = 32 M touched rows), transpose", "M", rows_m),
+        )
+    rep.finish()
+
+
+if __name__ == "__main__":
+    main()
