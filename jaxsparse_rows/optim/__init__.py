@@ -2,7 +2,19 @@
 a RowSparse gradient lists, plus the RowSparse-aware transforms they are built
 from."""
 
+from ._adagrad import ScaleByLazyAdagradState as ScaleByLazyAdagradState
+from ._adagrad import ScaleByLazyRowwiseAdagradState as ScaleByLazyRowwiseAdagradState
+from ._adagrad import lazy_adagrad as lazy_adagrad
+from ._adagrad import lazy_rowwise_adagrad as lazy_rowwise_adagrad
+from ._adagrad import scale_by_lazy_adagrad as scale_by_lazy_adagrad
+from ._adagrad import scale_by_lazy_rowwise_adagrad as scale_by_lazy_rowwise_adagrad
+from ._adam import ScaleByLazyAdamState as ScaleByLazyAdamState
+from ._adam import lazy_adam as lazy_adam
+from ._adam import lazy_adamw as lazy_adamw
+from ._adam import scale_by_lazy_adam as scale_by_lazy_adam
 from ._apply import apply_updates as apply_updates
+from ._ftrl import LazyFtrlState as LazyFtrlState
+from ._ftrl import lazy_ftrl as lazy_ftrl
 from ._sgd import ScaleByLazySgdState as ScaleByLazySgdState
 from ._sgd import lazy_sgd as lazy_sgd
 from ._sgd import scale_by_lazy_sgd as scale_by_lazy_sgd
@@ -13,13 +25,25 @@ from ._transforms import lift_elementwise as lift_elementwise
 from ._transforms import scale_by_learning_rate as scale_by_learning_rate
 
 __all__ = [
+    "LazyFtrlState",
+    "ScaleByLazyAdagradState",
+    "ScaleByLazyAdamState",
+    "ScaleByLazyRowwiseAdagradState",
     "ScaleByLazySgdState",
     "ScaleByLearningRateState",
     "add_decayed_weights",
     "apply_updates",
     "clip_by_global_norm",
+    "lazy_adagrad",
+    "lazy_adam",
+    "lazy_adamw",
+    "lazy_ftrl",
+    "lazy_rowwise_adagrad",
     "lazy_sgd",
     "lift_elementwise",
+    "scale_by_lazy_adagrad",
+    "scale_by_lazy_adam",
+    "scale_by_lazy_rowwise_adagrad",
     "scale_by_lazy_sgd",
     "scale_by_learning_rate",
 ]

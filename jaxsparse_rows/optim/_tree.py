@@ -115,6 +115,7 @@ def apply_rule(
     rule: Rule,
     *,
     lazy: bool,
+    check_states: bool = True,
 ) -> tuple[Any, tuple[jax.Array, ...]]:
     """Applies an elementwise (or row-wise) update ``rule`` to one leaf.
 
@@ -124,12 +125,13 @@ def apply_rule(
     (and of ``param`` when given), runs ``rule`` on them and scatters the new
     rows back: O(k) rows of work, the state arrays updated in place under jit
     with donation. Otherwise the gradient is densified and ``rule`` runs on
-    whole arrays. State dtypes are preserved.
+    whole arrays. State dtypes are preserved. Shapes are checked against
+    ``param`` and (with ``check_states``) against each state array.
     """
-    like = states[0] if states else param
-    check_like(path, grad, like, "optimizer state (shaped like the parameter)")
-    if param is not None and states:
-        check_like(path, grad, param)
+    check_like(path, grad, param)
+    if check_states:
+        for s in states:
+            check_like(path, grad, s, "optimizer state (shaped like the parameter)")
     if is_rowsparse(grad):
         if lazy:
             idx = grad.indices

@@ -1,0 +1,221 @@
+"""Lazy AdaGrad (elementwise, as ``optax.adagrad``) and row-wise AdaGrad (one
+accumulator per row, FBGEMM's EXACT_ROWWISE_ADAGRAD / MXNet's GroupAdaGrad)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ._transforms import scale_by_learning_rate
+from ._tree import (
+    PARAMS_REQUIRED,
+    apply_rule,
+    check_dense_params,
+    check_like,
+    map_updates,
+    zeros_like_params,
+)
+
+
+class ScaleByLazyAdagradState(NamedTuple):
+    """State of :func:`scale_by_lazy_adagrad`.
+
+    Attributes:
+      sum_of_squares: accumulated squared gradients, shaped like the parameters.
+    """
+
+    sum_of_squares: Any
+
+
+def scale_by_lazy_adagrad(
+    initial_accumulator_value: float = 0.1, eps: float = 1e-7
+) -> optax.GradientTransformation:
+    """AdaGrad's direction (``optax.scale_by_rss``) on the listed rows.
+
+    For each listed row: ``s_r += g_r**2``; ``u_r = g_r / sqrt(s_r + eps)``
+    (0 where ``s_r == 0``). A zero gradient changes neither ``s`` nor the
+    weight, so the lazy rule equals the dense one exactly: there is no
+    ``lazy`` switch.
+
+    Args:
+      initial_accumulator_value: starting value of every accumulator.
+      eps: term added inside the square root.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> tx = jsr.optim.scale_by_lazy_adagrad(initial_accumulator_value=0.0, eps=0.0)
+      >>> state = tx.init(jnp.zeros((2, 1)))
+      >>> u, state = tx.update(jsr.RowSparse([[3.]], [1], shape=(2, 1)), state)
+      >>> u.data, state.sum_of_squares[:, 0]
+      (Array([[1.]], dtype=float32), Array([0., 9.], dtype=float32))
+    """
+
+    def init_fn(params):
+        check_dense_params(params, "scale_by_lazy_adagrad")
+        return ScaleByLazyAdagradState(
+            zeros_like_params(params, fill=initial_accumulator_value)
+        )
+
+    def rule(g, states, _):
+        (acc,) = states
+        acc = jnp.square(g) + acc
+        scale = jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), jnp.zeros((), acc.dtype))
+        return scale * g, [acc]
+
+    def update_fn(updates, state, params=None):
+        del params
+
+        def leaf(path, g, acc):
+            u, (acc,) = apply_rule(path, g, [acc], None, rule, lazy=True)
+            return u, acc
+
+        updates, acc = map_updates(leaf, updates, state.sum_of_squares, n_out=2)
+        return updates, ScaleByLazyAdagradState(acc)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def lazy_adagrad(
+    learning_rate: optax.ScalarOrSchedule,
+    initial_accumulator_value: float = 0.1,
+    eps: float = 1e-7,
+) -> optax.GradientTransformation:
+    """AdaGrad on the listed rows; equal to dense ``optax.adagrad`` exactly.
+
+    Args:
+      learning_rate: a float or an optax schedule.
+      initial_accumulator_value: starting value of every accumulator.
+      eps: term added inside the square root.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> w = jnp.zeros((3, 1))
+      >>> opt = jsr.optim.lazy_adagrad(1.0, initial_accumulator_value=0.0, eps=0.0)
+      >>> u, _ = opt.update(jsr.RowSparse([[-4.]], [2], shape=(3, 1)), opt.init(w))
+      >>> jsr.optim.apply_updates(w, u)[:, 0]
+      Array([0., 0., 1.], dtype=float32)
+    """
+    return optax.chain(
+        scale_by_lazy_adagrad(initial_accumulator_value, eps),
+        scale_by_learning_rate(learning_rate),
+    )
+
+
+class ScaleByLazyRowwiseAdagradState(NamedTuple):
+    """State of :func:`scale_by_lazy_rowwise_adagrad`.
+
+    Attributes:
+      sum_of_squares: one accumulator per row: ``[V]`` for a ``[V, ...]``
+        parameter (a scalar for a scalar parameter).
+    """
+
+    sum_of_squares: Any
+
+
+def scale_by_lazy_rowwise_adagrad(
+    eps: float = 1e-8, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
+    """Row-wise AdaGrad's direction: one accumulator per row, D times less memory.
+
+    For each listed row ``r`` (every row of a dense gradient)::
+
+        g = g_r + weight_decay * w_r
+        M_r += mean(g**2)                 # over the row's elements
+        u_r = g / (sqrt(M_r) + eps)
+
+    Args:
+      eps: term added to the denominator.
+      weight_decay: coupled (L2) weight decay on the listed rows; needs
+        ``params`` in ``update``.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> tx = jsr.optim.scale_by_lazy_rowwise_adagrad(eps=0.0)
+      >>> state = tx.init(jnp.zeros((3, 2)))
+      >>> u, state = tx.update(jsr.RowSparse([[3., 4.]], [0], shape=(3, 2)), state)
+      >>> state.sum_of_squares
+      Array([12.5,  0. ,  0. ], dtype=float32)
+    """
+
+    def init_fn(params):
+        check_dense_params(params, "scale_by_lazy_rowwise_adagrad")
+        return ScaleByLazyRowwiseAdagradState(
+            jax.tree.map(lambda p: jnp.zeros(jnp.shape(p)[:1], jnp.result_type(p)), params)
+        )
+
+    def rule(g, states, w):
+        (acc,) = states
+        if weight_decay != 0.0:
+            g = g + weight_decay * w
+        axes = tuple(range(1, g.ndim))
+        acc = acc + jnp.mean(jnp.square(g), axis=axes)
+        denom = jnp.sqrt(acc) + eps
+        return g / denom.reshape(denom.shape + (1,) * len(axes)), [acc]
+
+    def update_fn(updates, state, params=None):
+        if weight_decay != 0.0 and params is None:
+            raise ValueError(PARAMS_REQUIRED.format(name="rowwise AdaGrad with weight_decay"))
+
+        def leaf(path, g, acc, p):
+            if p is not None:
+                check_like(path, g, p)
+            if tuple(jnp.shape(acc)) != tuple(g.shape[:1]):
+                raise ValueError(
+                    f"the gradient for `params{path}` has shape {tuple(g.shape)}, but the "
+                    f"row-wise accumulator has shape {tuple(jnp.shape(acc))}; expected "
+                    f"{tuple(g.shape[:1])}."
+                )
+            w = p if weight_decay != 0.0 else None
+            u, (acc,) = apply_rule(path, g, [acc], w, rule, lazy=True, check_states=False)
+            return u, acc
+
+        updates, acc = map_updates(leaf, updates, state.sum_of_squares, params, n_out=2)
+        return updates, ScaleByLazyRowwiseAdagradState(acc)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def lazy_rowwise_adagrad(
+    learning_rate: optax.ScalarOrSchedule,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformation:
+    """Row-wise AdaGrad (FBGEMM EXACT_ROWWISE_ADAGRAD, MXNet GroupAdaGrad).
+
+    ``M_r += mean(g_r**2)``; ``w_r -= lr * g_r / (sqrt(M_r) + eps)``, on the
+    listed rows only. Without weight decay this equals the dense rule exactly
+    (a zero row changes nothing); with it, untouched rows are not decayed.
+
+    Args:
+      learning_rate: a float or an optax schedule.
+      eps: term added to the denominator.
+      weight_decay: coupled (L2) weight decay on the listed rows.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> w = jnp.zeros((2, 2))
+      >>> opt = jsr.optim.lazy_rowwise_adagrad(1.0, eps=0.0)
+      >>> u, state = opt.update(jsr.RowSparse([[2., 2.]], [1], shape=(2, 2)), opt.init(w), w)
+      >>> jsr.optim.apply_updates(w, u)
+      Array([[ 0.,  0.],
+             [-1., -1.]], dtype=float32)
+    """
+    return optax.chain(
+        scale_by_lazy_rowwise_adagrad(eps, weight_decay),
+        scale_by_learning_rate(learning_rate),
+    )

@@ -1,0 +1,189 @@
+"""Lazy Adam and AdamW (TF's LazyAdam, PyTorch's SparseAdam, MXNet's
+``lazy_update`` Adam): the moments of untouched rows are left alone."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ._sgd import _check_lazy
+from ._transforms import add_decayed_weights, scale_by_learning_rate
+from ._tree import apply_rule, check_dense_params, map_updates, zeros_like_params
+
+
+class ScaleByLazyAdamState(NamedTuple):
+    """State of :func:`scale_by_lazy_adam`.
+
+    Attributes:
+      count: the global step count (``int32``), advanced on every call.
+      mu: first moments, dense arrays shaped like the parameters.
+      nu: second moments, dense arrays shaped like the parameters.
+    """
+
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def scale_by_lazy_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    lazy: bool = True,
+) -> optax.GradientTransformation:
+    """Adam's direction (``optax.scale_by_adam``) restricted to the listed rows.
+
+    One global ``count`` is advanced on every call. For each processed row
+    ``r`` (the listed rows of a RowSparse gradient with ``lazy=True``; every
+    row of a dense gradient or with ``lazy=False``)::
+
+        mu_r = b1 * mu_r + (1 - b1) * g_r
+        nu_r = b2 * nu_r + (1 - b2) * g_r**2
+        u_r = (mu_r / (1 - b1**count)) / (sqrt(nu_r / (1 - b2**count) + eps_root) + eps)
+
+    Untouched rows keep ``mu`` and ``nu`` and get no update (no decay, no
+    ``eps`` term). Bias correction uses the global count, as LazyAdam does.
+
+    Args:
+      b1: first-moment decay.
+      b2: second-moment decay.
+      eps: term added to the denominator outside the square root.
+      eps_root: term added inside the square root.
+      lazy: True updates only listed rows of RowSparse gradients; False
+        densifies them (exactly ``optax.scale_by_adam``).
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> tx = jsr.optim.scale_by_lazy_adam()
+      >>> state = tx.init(jnp.zeros((3, 2)))
+      >>> u, state = tx.update(jsr.RowSparse([[2., -2.]], [1], shape=(3, 2)), state)
+      >>> u.data.round(4), state.count
+      (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
+    """
+    _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
+
+    def init_fn(params):
+        check_dense_params(params, "scale_by_lazy_adam")
+        return ScaleByLazyAdamState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_params(params),
+            nu=zeros_like_params(params),
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        c1 = 1 - b1**count
+        c2 = 1 - b2**count
+
+        def rule(g, states, _):
+            mu, nu = states
+            mu = (1 - b1) * g + b1 * mu
+            nu = (1 - b2) * (g**2) + b2 * nu
+            mu_hat = mu / c1.astype(mu.dtype)
+            nu_hat = nu / c2.astype(nu.dtype)
+            return mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps), [mu, nu]
+
+        def leaf(path, g, mu, nu):
+            u, (mu, nu) = apply_rule(path, g, [mu, nu], None, rule, lazy=lazy)
+            return u, mu, nu
+
+        updates, mu, nu = map_updates(leaf, updates, state.mu, state.nu, n_out=3)
+        return updates, ScaleByLazyAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def lazy_adam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    lazy: bool = True,
+) -> optax.GradientTransformation:
+    """Adam that updates only the rows a RowSparse gradient lists.
+
+    ``chain(scale_by_lazy_adam(...), scale_by_learning_rate(learning_rate))``,
+    as ``optax.adam`` is built. Dense gradient leaves get plain Adam. With
+    every row listed at every step it equals ``optax.adam``; with
+    ``lazy=False`` it equals ``optax.adam`` fed the densified gradient.
+
+    Args:
+      learning_rate: a float or an optax schedule.
+      b1: first-moment decay.
+      b2: second-moment decay.
+      eps: term added to the denominator outside the square root.
+      eps_root: term added inside the square root.
+      lazy: True (lazy rows) or False (dense-equivalent).
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp, numpy as np
+      >>> params = {"emb": jnp.zeros((4, 2)), "bias": jnp.zeros(2)}
+      >>> grads = {"emb": jsr.RowSparse([[1., -1.]], [2], shape=(4, 2)),
+      ...          "bias": jnp.array([1., 0.])}
+      >>> opt = jsr.optim.lazy_adam(0.1)
+      >>> updates, state = opt.update(grads, opt.init(params))
+      >>> np.asarray(jsr.optim.apply_updates(params, updates)["emb"]).round(4)
+      array([[ 0. ,  0. ],
+             [ 0. ,  0. ],
+             [-0.1,  0.1],
+             [ 0. ,  0. ]], dtype=float32)
+    """
+    return optax.chain(
+        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy),
+        scale_by_learning_rate(learning_rate),
+    )
+
+
+def lazy_adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    weight_decay: float = 1e-4,
+    lazy: bool = True,
+) -> optax.GradientTransformation:
+    """AdamW (decoupled weight decay, as ``optax.adamw``) on the listed rows.
+
+    ``chain(scale_by_lazy_adam, add_decayed_weights(weight_decay, lazy),
+    scale_by_learning_rate)``: touched rows get ``-lr * (u_r + wd * w_r)``;
+    untouched rows are not decayed when ``lazy=True`` and are decayed
+    (``-lr * wd * w_r``) when ``lazy=False``. Needs ``params`` in ``update``.
+
+    Args:
+      learning_rate: a float or an optax schedule.
+      b1: first-moment decay.
+      b2: second-moment decay.
+      eps: term added to the denominator outside the square root.
+      eps_root: term added inside the square root.
+      weight_decay: decoupled weight decay coefficient.
+      lazy: True (lazy rows) or False (dense-equivalent).
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp, numpy as np
+      >>> w = jnp.ones((3, 1))
+      >>> opt = jsr.optim.lazy_adamw(0.1, weight_decay=0.5)
+      >>> u, _ = opt.update(jsr.RowSparse([[1.]], [0], shape=(3, 1)), opt.init(w), w)
+      >>> np.asarray(jsr.optim.apply_updates(w, u)[:, 0]).round(4)
+      array([0.85, 1.  , 1.  ], dtype=float32)
+    """
+    return optax.chain(
+        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy),
+        add_decayed_weights(weight_decay, lazy),
+        scale_by_learning_rate(learning_rate),
+    )

@@ -1,0 +1,122 @@
+"""lazy_adam / lazy_adamw against a numpy oracle and against optax.adam(w)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_optim_common import grad_sequence, random_rows, run_steps
+
+import jaxsparse_rows as jsr
+
+
+def numpy_adam(w, grads, lr, b1, b2, eps, eps_root, wd, lazy):
+    """Dense float64 oracle of (lazy) Adam/AdamW; ``lr`` may be a callable."""
+    w = np.array(w, np.float64)
+    mu = np.zeros_like(w)
+    nu = np.zeros_like(w)
+    for t, (_, dense, rows) in enumerate(grads, start=1):
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = dense[rr]
+        mu[rr] = b1 * mu[rr] + (1 - b1) * g
+        nu[rr] = b2 * nu[rr] + (1 - b2) * g**2
+        u = (mu[rr] / (1 - b1**t)) / (np.sqrt(nu[rr] / (1 - b2**t) + eps_root) + eps)
+        u = u + wd * w[rr]
+        step = lr(t - 1) if callable(lr) else lr
+        w[rr] -= step * u
+    return w, mu, nu
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_lazy_adam_matches_numpy(lazy, jit, wd):
+    grads = grad_sequence(10, 50, 11, (3,), capacity=4)
+    w0 = np.random.default_rng(11).normal(size=(11, 3)).astype(np.float32)
+    kw = dict(b1=0.8, b2=0.95, eps=1e-6, eps_root=1e-8)
+    if wd:
+        opt = jsr.optim.lazy_adamw(0.01, weight_decay=wd, lazy=lazy, **kw)
+    else:
+        opt = jsr.optim.lazy_adam(0.01, lazy=lazy, **kw)
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    w_np, mu_np, nu_np = numpy_adam(w0, grads, 0.01, wd=wd, lazy=lazy, **kw)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0].mu), mu_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].nu), nu_np, rtol=1e-5, atol=1e-7)
+    assert int(state[0].count) == 50
+
+
+def test_lazy_adam_schedule_and_nd_rows():
+    sched = optax.linear_schedule(0.1, 0.01, 30)
+    grads = grad_sequence(12, 30, 9, (2, 2), capacity=3)
+    w0 = np.random.default_rng(13).normal(size=(9, 2, 2)).astype(np.float32)
+    opt = jsr.optim.lazy_adam(sched)
+    w, _ = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit=True)
+    w_np, _, _ = numpy_adam(w0, grads, lambda c: float(sched(c)), 0.9, 0.999, 1e-8, 0.0,
+                            0.0, lazy=True)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_every_row_touched_equals_optax(wd):
+    rng = np.random.default_rng(14)
+    grads = [random_rows(rng, 6, (3,), capacity=6, k=6) for _ in range(20)]
+    w0 = jnp.asarray(rng.normal(size=(6, 3)), jnp.float32)
+    if wd:
+        ours, ref = jsr.optim.lazy_adamw(0.05, weight_decay=wd), optax.adamw(0.05, weight_decay=wd)
+    else:
+        ours, ref = jsr.optim.lazy_adam(0.05), optax.adam(0.05)
+    w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
+    w2, s2 = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
+                       apply=optax.apply_updates)
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s1[0].nu), np.asarray(s2[0].nu), rtol=1e-6)
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_lazy_false_equals_optax_adam(wd):
+    grads = grad_sequence(15, 25, 10, (4,), capacity=3)
+    w0 = jnp.asarray(np.random.default_rng(16).normal(size=(10, 4)), jnp.float32)
+    if wd:
+        ours = jsr.optim.lazy_adamw(0.05, weight_decay=wd, lazy=False)
+        ref = optax.adamw(0.05, weight_decay=wd)
+    else:
+        ours, ref = jsr.optim.lazy_adam(0.05, lazy=False), optax.adam(0.05)
+    w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
+    w2, _ = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
+                      apply=optax.apply_updates)
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
+
+
+def test_untouched_rows_unchanged_and_updates_rowsparse():
+    w = jnp.asarray(np.random.default_rng(17).normal(size=(5, 2)), jnp.float32)
+    opt = jsr.optim.lazy_adamw(0.1, weight_decay=0.1)
+    state = opt.init(w)
+    g = jsr.RowSparse._make(
+        jnp.asarray([[1.0, 2.0], [0.0, 0.0]]), jnp.asarray([3, 5], jnp.int32), (5, 2)
+    )
+    u, state = opt.update(g, state, w)
+    assert isinstance(u, jsr.RowSparse)
+    np.testing.assert_array_equal(np.asarray(u.indices), [3, 5])
+    np.testing.assert_array_equal(np.asarray(u.data[1]), [0.0, 0.0])  # padding slot
+    w2 = jsr.optim.apply_updates(w, u)
+    keep = [0, 1, 2, 4]
+    np.testing.assert_array_equal(np.asarray(w2)[keep], np.asarray(w)[keep])
+    np.testing.assert_array_equal(np.asarray(state[0].mu)[keep], 0.0)
+    assert np.all(np.asarray(state[0].mu)[3] != 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_low_precision_params_keep_dtype(dtype):
+    rng = np.random.default_rng(18)
+    g, dense, _ = random_rows(rng, 6, (2,), capacity=3, k=2)
+    g = g.astype(dtype)
+    w = jnp.ones((6, 2), dtype)
+    opt = jsr.optim.lazy_adam(0.1)
+    state = opt.init(w)
+    u, state = opt.update(g, state, w)
+    w2 = jsr.optim.apply_updates(w, u)
+    assert w2.dtype == dtype and state[0].mu.dtype == dtype
+    expected = 1 - 0.1 * np.sign(dense)
+    np.testing.assert_allclose(np.asarray(w2, np.float32), expected, atol=2e-2)
