@@ -102,7 +102,8 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
             cols = lhs.at[:, rhs.indices].get(mode="fill", fill_value=0)
             return cols @ rhs.data
         if sr == "csr":
-            contrib = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0) * rhs.data
+            gathered = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0)
+            contrib = gathered * rhs.data[None, :]
             out = jnp.zeros((lhs.shape[0], rhs.shape[1]), contrib.dtype)
             return out.at[:, rhs.indices].add(contrib, mode="drop")
     if sl == sr == "default":
