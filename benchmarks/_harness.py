@@ -130,7 +130,7 @@ class Result:
     first_s: float = math.nan
     compile_s: float = math.nan
     compiles_first: int = 0
-    compiles_timed: int = 0
+    compiles_timed: int = 0  # XLA compilations after the first call (warm-up + timed)
     skipped: str | None = None
 
     @property
@@ -148,7 +148,7 @@ class Result:
             "first_call_ms": self.first_s * 1e3,
             "compile_s": None if math.isnan(self.compile_s) else self.compile_s,
             "compiles_in_first_call": self.compiles_first,
-            "compiles_in_timed_runs": self.compiles_timed,
+            "compiles_after_first_call": self.compiles_timed,
         }
 
 
@@ -189,8 +189,10 @@ def measure(
         if c.jax:
             res.compile_s = mon.seconds
         res.compiles_first = mon.compiles
-        for _ in range(warmup):
-            _call(step)
+        with _CompileMonitor() as mon:
+            for _ in range(warmup):
+                _call(step)
+        res.compiles_timed += mon.compiles
         steps[c.name] = step
 
     def timed(name: str) -> None:
@@ -275,7 +277,7 @@ def print_table(title: str, results: dict[str, Result], reference: str | None = 
     ref = results.get(reference) if reference else None
     ref_med = ref.median if ref and ref.times else math.nan
     head = (
-        f"| {'contender':<34} | {'median ms':>9} | {'min':>8} | {'max':>8} | {'runs':>4} "
+        f"| {'contender':<40} | {'median ms':>9} | {'min':>8} | {'max':>8} | {'runs':>4} "
         f"| {'1st call ms':>11} | {'compile s':>9} | {'recompiles':>10} | "
         f"{'vs ref':>7} |"
     )
@@ -285,13 +287,13 @@ def print_table(title: str, results: dict[str, Result], reference: str | None = 
     print("|" + "|".join("-" * (len(p)) for p in head.split("|")[1:-1]) + "|")
     for name, r in results.items():
         if r.skipped:
-            print(f"| {name:<34} | skipped: {r.skipped}")
+            print(f"| {name:<40} | skipped: {r.skipped}")
             continue
         comp = "-" if math.isnan(r.compile_s) else f"{r.compile_s:.2f}"
         ratio = "" if math.isnan(ref_med) else f"{r.median / ref_med:.2f}x"
         recompiles = str(r.compiles_timed) if not math.isnan(r.compile_s) else "-"
         print(
-            f"| {name:<34} | {_fmt_ms(r.median):>9} | {_fmt_ms(min(r.times)):>8} | "
+            f"| {name:<40} | {_fmt_ms(r.median):>9} | {_fmt_ms(min(r.times)):>8} | "
             f"{_fmt_ms(max(r.times)):>8} | {len(r.times):>4} | {_fmt_ms(r.first_s):>11} | "
             f"{comp:>9} | {recompiles:>10} | {ratio:>7} |"
         )
@@ -362,8 +364,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argp
         args.budget = 1.0 if args.smoke else 8.0
     print(
         f"# {Path(sys.argv[0]).name}: jax {jax.__version__} on {jax.default_backend()}, "
-        f"{os.cpu_count()} CPUs, {platform.platform()}"
-        + (" [smoke sizes]" if args.smoke else ""),
+        f"{os.cpu_count()} CPUs, {platform.platform()}" + (" [smoke sizes]" if args.smoke else ""),
         flush=True,
     )
     return args
@@ -401,6 +402,37 @@ class Report:
         self.record["tables"][title] = {k: r.as_dict() for k, r in results.items()}
         self.record["targets"].extend(checks)
         return checks
+
+    def no_recompile(self, results: dict[str, Result], names: Sequence[str]) -> None:
+        """Target 5: a step function compiles on its first call only."""
+        for name in names:
+            r = results.get(name)
+            if r is None or not r.times:
+                verdict, n = "n/a", None
+            else:
+                n = r.compiles_timed
+                verdict = "PASS" if n == 0 else "MISS"
+            shown = "n/a (skipped)" if n is None else f"{n} compilation(s) after the first call"
+            comp = "" if r is None or math.isnan(r.compile_s) else f" (compile {r.compile_s:.2f} s)"
+            print(f"  {verdict:<4}  {name}: {shown}{comp}, target 0")
+            self.record["targets"].append(
+                {
+                    "label": f"{name} compiles nothing after its first step",
+                    "ratio": n,
+                    "at_least": None,
+                    "verdict": verdict,
+                    "table": "compile",
+                }
+            )
+
+    def verdict(self, label: str, value: Any, ok: bool | None, text: str) -> None:
+        """Prints and records a target that is not a ratio of two medians."""
+        v = "n/a" if ok is None else ("PASS" if ok else "MISS")
+        print(f"  {v:<4}  {label}: {text}")
+        self.record["targets"].append(
+            {"label": label, "ratio": value, "at_least": None, "verdict": v, "text": text}
+        )
+        sys.stdout.flush()
 
     def add(self, key: str, value: Any) -> None:
         self.record["extra"][key] = value

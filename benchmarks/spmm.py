@@ -165,7 +165,9 @@ def main(argv=None) -> None:
             ts = transpose_contenders(arr, (m, nc), dense_t)
             rows_t.append((nc, h.measure(ts, args.runs, budget_s=args.budget, interleave=False)))
         rep.add("sweep_cols_forward", h.sweep_table("sweep: CSR columns N, forward", "N", rows_fwd))
-        rep.add("sweep_cols_transpose", h.sweep_table("sweep: CSR columns N, transpose", "N", rows_t))
+        rep.add(
+            "sweep_cols_transpose", h.sweep_table("sweep: CSR columns N, transpose", "N", rows_t)
+        )
         ms = [16, 64] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
         rows_m = []
         for mm in ms:

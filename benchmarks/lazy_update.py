@@ -1,0 +1,380 @@
+"""Lazy optimizer steps on a large embedding table: ``jsr.optim.lazy_adam``,
+``lazy_sgd`` (momentum), ``lazy_adagrad`` and ``lazy_rowwise_adagrad`` against
+the dense optax update on the densified gradient, torch's sparse optimizers and
+the gather/scatter floor.
+
+Default workload (issue 6): parameters [V = 1,000,000 x D = 64] float32, a
+RowSparse gradient with K = 4096 distinct rows. Every JAX step is one jitted
+function with the parameters and optimizer state donated, doing update + apply.
+The floor is a jitted, donated step that only gathers and scatters those K rows
+of the parameters and of each state array (nothing can do less work).
+A pool of gradients with different rows is cycled so no contender keeps its
+rows in cache.
+
+Targets, for each optimizer: at least 40x faster than dense optax, at least 1.8x
+faster than the torch sparse optimizer, within 1.25x of the floor. ``--sweep``
+adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in V) and K
+from 256 to 65,536 at fixed V.
+
+Run ``python benchmarks/lazy_update.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+import jaxsparse_rows as jsr  # noqa: E402
+
+LR = 1e-3
+N_GRADS = 8  # size of the pool of gradients cycled through
+
+
+@dataclass
+class Workload:
+    v: int
+    d: int
+    k: int
+    grads: list[tuple[np.ndarray, np.ndarray]]  # (sorted unique indices [K], data [K, D])
+
+
+def make_workload(v: int, d: int, k: int, seed: int = 0) -> Workload:
+    rng = np.random.default_rng(seed)
+    k = min(k, v)
+    grads = []
+    for _ in range(N_GRADS):
+        idx = np.sort(rng.choice(v, k, replace=False)).astype(np.int32)
+        grads.append((idx, rng.standard_normal((k, d), dtype=np.float32)))
+    return Workload(v, d, k, grads)
+
+
+def init_params(v: int, d: int) -> jax.Array:
+    """A fresh [V, D] table, built on the device (no host copy)."""
+    return jax.jit(lambda k: jax.random.normal(k, (v, d), jnp.float32) * 0.01)(jax.random.key(0))
+
+
+def jax_grads(w: Workload) -> list[tuple[jax.Array, jax.Array]]:
+    return [(jnp.asarray(i), jnp.asarray(x)) for i, x in w.grads]
+
+
+def stateful(step_fn: Callable, state: tuple, grads: list) -> Callable[[], object]:
+    """Wraps ``state = step_fn(*state, *grad)`` cycling over ``grads``."""
+    box = [state]
+    pool = itertools.cycle(grads)
+
+    def step():
+        box[0] = step_fn(*box[0], *next(pool))
+        return box[0]
+
+    return step
+
+
+# --------------------------------------------------------------------------- jsr
+
+
+def jsr_contender(name: str, factory: str, w: Workload, **kw) -> h.Contender:
+    def setup():
+        make = h.require_attr(jsr, f"optim.{factory}", name)
+        apply = h.require_attr(jsr, "optim.apply_updates", name)
+        opt = make(LR, **kw)
+        params = init_params(w.v, w.d)
+        state = opt.init(params)
+        shape = (w.v, w.d)
+
+        def step(p, s, idx, data):
+            g = jsr.RowSparse._make(data, idx, shape)
+            u, s = opt.update(g, s, p)
+            return apply(p, u), s
+
+        f = jax.jit(step, donate_argnums=(0, 1))
+        return stateful(f, (params, state), jax_grads(w))
+
+    return h.Contender(name, setup)
+
+
+# ------------------------------------------------------------------- dense optax
+
+
+def dense_contender(name: str, opt: optax.GradientTransformation, w: Workload) -> h.Contender:
+    def setup():
+        params = init_params(w.v, w.d)
+        state = opt.init(params)
+
+        def step(p, s, idx, data):
+            g = jnp.zeros_like(p).at[idx].set(data, mode="drop", indices_are_sorted=True)
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s
+
+        f = jax.jit(step, donate_argnums=(0, 1))
+        return stateful(f, (params, state), jax_grads(w))
+
+    return h.Contender(name, setup)
+
+
+def dense_rowwise_adagrad(lr: float, eps: float = 1e-8) -> optax.GradientTransformation:
+    """Row-wise AdaGrad over every row (what a dense-gradient user would write)."""
+
+    def init(p):
+        return jnp.zeros(p.shape[:1], p.dtype)
+
+    def update(g, acc, p=None):
+        acc = acc + jnp.mean(g * g, axis=1)
+        return -lr * g / (jnp.sqrt(acc) + eps)[:, None], acc
+
+    return optax.GradientTransformation(init, update)
+
+
+# ------------------------------------------------------------------------- floor
+
+
+def floor_contender(name: str, w: Workload, n_full: int, n_rowwise: int = 0) -> h.Contender:
+    """Gathers and scatters the K rows of the params and ``n_full - 1`` [V, D]
+    state arrays (plus ``n_rowwise`` [V] arrays), in one donated jitted step."""
+
+    def setup():
+        arrays = tuple(init_params(w.v, w.d) for _ in range(n_full))
+        arrays += tuple(jnp.zeros((w.v,), jnp.float32) for _ in range(n_rowwise))
+
+        def step(*args):
+            *arrs, idx, data = args
+            out = []
+            for i, a in enumerate(arrs):
+                rows = a.at[idx].get(
+                    mode="fill", fill_value=0, indices_are_sorted=True, unique_indices=True
+                )
+                new = rows + (data if a.ndim == 2 else data[:, 0]) * (0.5 + i)
+                out.append(
+                    a.at[idx].set(new, mode="drop", indices_are_sorted=True, unique_indices=True)
+                )
+            return tuple(out)
+
+        f = jax.jit(step, donate_argnums=tuple(range(len(arrays))))
+        return stateful(lambda *a: f(*a), arrays, jax_grads(w))
+
+    return h.Contender(name, setup)
+
+
+def handwritten_lazy_adam(name: str, w: Workload) -> h.Contender:
+    """A hand-written lazy Adam step (gather, update, scatter) for orientation."""
+    b1, b2, eps = 0.9, 0.999, 1e-8
+
+    def setup():
+        p = init_params(w.v, w.d)
+        m = jnp.zeros_like(p)
+        v = jnp.zeros_like(p)
+        t = jnp.zeros([], jnp.int32)
+
+        def step(p, m, v, t, idx, data):
+            t = t + 1
+            kw = dict(indices_are_sorted=True, unique_indices=True)
+            mr = b1 * m.at[idx].get(mode="fill", fill_value=0, **kw) + (1 - b1) * data
+            vr = b2 * v.at[idx].get(mode="fill", fill_value=0, **kw) + (1 - b2) * data * data
+            tf = t.astype(jnp.float32)
+            u = -LR * (mr / (1 - b1**tf)) / (jnp.sqrt(vr / (1 - b2**tf)) + eps)
+            p = p.at[idx].add(u, mode="drop", **kw)
+            m = m.at[idx].set(mr, mode="drop", **kw)
+            v = v.at[idx].set(vr, mode="drop", **kw)
+            return p, m, v, t
+
+        f = jax.jit(step, donate_argnums=(0, 1, 2))
+        return stateful(f, (p, m, v, t), jax_grads(w))
+
+    return h.Contender(name, setup)
+
+
+# ------------------------------------------------------------------------- torch
+
+
+def torch_contender(name: str, make_opt: Callable, w: Workload) -> h.Contender:
+    def setup():
+        torch = h.require("torch")
+        param = torch.nn.Parameter(torch.randn(w.v, w.d) * 0.01)
+        opt = make_opt(torch, param)
+        grads = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse invariant checks are disabled"
+            for idx, data in w.grads:
+                g = torch.sparse_coo_tensor(
+                    torch.from_numpy(idx.astype(np.int64))[None],
+                    torch.from_numpy(data),
+                    (w.v, w.d),
+                )
+                grads.append(g.coalesce())
+        pool = itertools.cycle(grads)
+
+        def step():
+            param.grad = next(pool)
+            opt.step()
+
+        return step
+
+    return h.Contender(name, setup, jax=False)
+
+
+# ----------------------------------------------------------------------- tables
+
+
+@dataclass
+class Family:
+    key: str
+    jsr_name: str
+    jsr_factory: str
+    jsr_kwargs: dict
+    dense_name: str
+    dense: Callable[[], optax.GradientTransformation]
+    torch_name: str | None
+    torch_make: Callable | None
+    floor_full: int
+    floor_rowwise: int = 0
+
+
+FAMILIES = [
+    Family(
+        "adam",
+        "jsr lazy_adam",
+        "lazy_adam",
+        {},
+        "optax.adam (dense grad)",
+        lambda: optax.adam(LR),
+        "torch SparseAdam",
+        lambda torch, p: torch.optim.SparseAdam([p], lr=LR),
+        3,
+    ),
+    Family(
+        "sgd",
+        "jsr lazy_sgd momentum",
+        "lazy_sgd",
+        {"momentum": 0.9},
+        "optax.sgd momentum (dense grad)",
+        lambda: optax.sgd(LR, momentum=0.9),
+        "torch SGD momentum (sparse grad)",
+        lambda torch, p: torch.optim.SGD([p], lr=LR, momentum=0.9),
+        2,
+    ),
+    Family(
+        "adagrad",
+        "jsr lazy_adagrad",
+        "lazy_adagrad",
+        {},
+        "optax.adagrad (dense grad)",
+        lambda: optax.adagrad(LR),
+        "torch Adagrad (sparse grad)",
+        lambda torch, p: torch.optim.Adagrad([p], lr=LR),
+        2,
+    ),
+    Family(
+        "rowwise_adagrad",
+        "jsr lazy_rowwise_adagrad",
+        "lazy_rowwise_adagrad",
+        {},
+        "dense rowwise adagrad (jnp)",
+        lambda: dense_rowwise_adagrad(LR),
+        None,
+        None,
+        1,
+        1,
+    ),
+]
+
+
+def family_contenders(fam: Family, w: Workload, *, dense: bool = True, torch: bool = True):
+    cs = [jsr_contender(fam.jsr_name, fam.jsr_factory, w, **fam.jsr_kwargs)]
+    if dense:
+        cs.append(dense_contender(fam.dense_name, fam.dense(), w))
+    if torch and fam.torch_name:
+        cs.append(torch_contender(fam.torch_name, fam.torch_make, w))
+    cs.append(floor_contender(f"floor ({fam.key})", w, fam.floor_full, fam.floor_rowwise))
+    if fam.key == "adam":
+        cs.append(handwritten_lazy_adam("hand-written lazy adam (jnp)", w))
+    return cs
+
+
+def family_targets(fam: Family) -> list[h.Target]:
+    ts = [h.Target(f"{fam.jsr_name} >= 40x faster than dense", fam.jsr_name, fam.dense_name, 40)]
+    if fam.torch_name:
+        ts.append(
+            h.Target(f"{fam.jsr_name} >= 1.8x faster than torch", fam.jsr_name, fam.torch_name, 1.8)
+        )
+    ts.append(
+        h.Target(
+            f"{fam.jsr_name} within 1.25x of the floor",
+            fam.jsr_name,
+            f"floor ({fam.key})",
+            1 / 1.25,
+        )
+    )
+    return ts
+
+
+def main(argv=None) -> None:
+    p = h.parser(__doc__)
+    p.add_argument("--vocab", type=int, default=1_000_000, help="rows V (default 1e6)")
+    p.add_argument("--dim", type=int, default=64, help="row width D (default 64)")
+    p.add_argument("--touched", type=int, default=4096, help="distinct rows K (default 4096)")
+    p.add_argument(
+        "--optimizers",
+        default="adam,sgd,adagrad,rowwise_adagrad",
+        help="comma-separated subset of adam,sgd,adagrad,rowwise_adagrad",
+    )
+    args = h.parse(p, argv)
+    if args.smoke:
+        args.vocab, args.dim, args.touched = 5000, 8, 64
+    keys = [k.strip() for k in args.optimizers.split(",") if k.strip()]
+    fams = [f for f in FAMILIES if f.key in keys]
+    rep = h.Report(
+        "lazy_update", args, {"V": args.vocab, "D": args.dim, "K": args.touched, "lr": LR}
+    )
+    w = make_workload(args.vocab, args.dim, args.touched)
+    for fam in fams:
+        res = h.measure(family_contenders(fam, w), args.runs, budget_s=args.budget)
+        rep.table(
+            f"{fam.key}: V={w.v} x D={w.d} float32, K={w.k} rows",
+            res,
+            family_targets(fam),
+            reference=fam.jsr_name,
+        )
+        rep.no_recompile(res, [fam.jsr_name])
+
+    if args.sweep:
+        fam = next((f for f in fams if f.key == "adam"), fams[0])
+        vs = [1000, 10_000, 100_000] if args.smoke else [10_000, 100_000, 1_000_000, 10_000_000]
+        k_fixed = min(args.touched, vs[0])
+        rows = []
+        for v in vs:
+            wv = make_workload(v, args.dim, k_fixed)
+            cs = family_contenders(fam, wv, dense=v <= max(args.vocab, 10_000), torch=True)
+            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+        sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
+        rep.add("sweep_V", sw)
+        g = sw["growth"].get(fam.jsr_name)
+        if g is not None:
+            rep.verdict(
+                f"{fam.jsr_name} flat in V",
+                g,
+                g <= 2.0,
+                f"grows {g:.2f}x over a {vs[-1] // vs[0]}x larger V (target: <= 2x)",
+            )
+        ks = [16, 64, 256] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
+        rows = []
+        for k in ks:
+            wk = make_workload(args.vocab, args.dim, k)
+            cs = family_contenders(fam, wk, dense=False)
+            rows.append((k, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+        rep.add("sweep_K", h.sweep_table(f"sweep {fam.key}: K at V={args.vocab}", "K", rows))
+    rep.finish()
+
+
+if __name__ == "__main__":
+    main()
