@@ -1,0 +1,136 @@
+"""lazy_adagrad, lazy_rowwise_adagrad and lazy_ftrl against numpy oracles;
+lazy_adagrad against optax.adagrad exactly."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_optim_common import grad_sequence, run_steps
+
+import jaxsparse_rows as jsr
+
+
+def numpy_adagrad(w, grads, lr, init, eps):
+    w = np.array(w, np.float64)
+    acc = np.full_like(w, init)
+    for _, dense, rows in grads:
+        g = dense[rows]
+        acc[rows] += g**2
+        scale = np.where(acc[rows] > 0, 1 / np.sqrt(acc[rows] + eps), 0.0)
+        w[rows] -= lr * scale * g
+    return w, acc
+
+
+def numpy_rowwise_adagrad(w, grads, lr, eps, wd):
+    w = np.array(w, np.float64)
+    acc = np.zeros(w.shape[0])
+    for _, dense, rows in grads:
+        g = dense[rows] + wd * w[rows]
+        acc[rows] += np.mean(g**2, axis=tuple(range(1, g.ndim)))
+        denom = (np.sqrt(acc[rows]) + eps).reshape((-1,) + (1,) * (w.ndim - 1))
+        w[rows] -= lr * g / denom
+    return w, acc
+
+
+def numpy_ftrl(w, grads, lr, lamda1, beta, wd, lazy=True):
+    w = np.array(w, np.float64)
+    z = np.zeros_like(w)
+    n = np.zeros_like(w)
+    for _, dense, rows in grads:
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = dense[rr]
+        z[rr] += g - (np.sqrt(n[rr] + g**2) - np.sqrt(n[rr])) * w[rr] / lr
+        n[rr] += g**2
+        new = (np.sign(z[rr]) * lamda1 - z[rr]) / ((beta + np.sqrt(n[rr])) / lr + wd)
+        w[rr] = new * (np.abs(z[rr]) > lamda1)
+    return w, z, n
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_lazy_adagrad_matches_numpy(jit):
+    grads = grad_sequence(20, 50, 10, (3,), capacity=4)
+    w0 = np.random.default_rng(21).normal(size=(10, 3)).astype(np.float32)
+    opt = jsr.optim.lazy_adagrad(0.1, initial_accumulator_value=0.1, eps=1e-7)
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    w_np, acc_np = numpy_adagrad(w0, grads, 0.1, 0.1, 1e-7)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0].sum_of_squares), acc_np, rtol=1e-5)
+
+
+@pytest.mark.parametrize("init", [0.1, 0.0])
+@pytest.mark.parametrize("jit", [False, True])
+def test_lazy_adagrad_equals_optax_exactly(init, jit):
+    # Same arithmetic in the same order: bitwise equal op by op. Under jit XLA
+    # fuses the two programs differently (e.g. contracts a*b+c into an FMA), so
+    # results may differ in the last bit there.
+    grads = grad_sequence(22, 30, 8, (2, 2), capacity=3)
+    w0 = jnp.asarray(np.random.default_rng(23).normal(size=(8, 2, 2)), jnp.float32)
+    ours = jsr.optim.lazy_adagrad(0.2, initial_accumulator_value=init)
+    ref = optax.adagrad(0.2, initial_accumulator_value=init)
+    w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit=jit)
+    w2, s2 = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=jit,
+                       apply=optax.apply_updates)
+    tol = dict(rtol=1e-6, atol=0) if jit else dict(rtol=0, atol=0)
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), **tol)
+    np.testing.assert_allclose(
+        np.asarray(s1[0].sum_of_squares), np.asarray(s2[0].sum_of_squares), **tol
+    )
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+def test_lazy_rowwise_adagrad_matches_numpy(jit, wd):
+    grads = grad_sequence(24, 50, 10, (3,), capacity=4)
+    w0 = np.random.default_rng(25).normal(size=(10, 3)).astype(np.float32)
+    opt = jsr.optim.lazy_rowwise_adagrad(0.1, eps=1e-8, weight_decay=wd)
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    w_np, acc_np = numpy_rowwise_adagrad(w0, grads, 0.1, 1e-8, wd)
+    assert state[0].sum_of_squares.shape == (10,)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0].sum_of_squares), acc_np, rtol=1e-5)
+
+
+def test_rowwise_adagrad_nd_rows_and_dense_grads():
+    grads = grad_sequence(26, 10, 6, (2, 3), capacity=3)
+    w0 = np.random.default_rng(27).normal(size=(6, 2, 3)).astype(np.float32)
+    opt = jsr.optim.lazy_rowwise_adagrad(0.1)
+    # Dense gradients: every row is processed (the all-rows numpy oracle).
+    dense = [(jnp.asarray(d, jnp.float32), d, np.arange(6)) for _, d, _ in grads]
+    w, _ = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in dense], jit=True)
+    w_np, _ = numpy_rowwise_adagrad(w0, dense, 0.1, 1e-8, 0.0)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+    # Without weight decay lazy equals dense: zero rows change nothing.
+    w_lazy, _ = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit=True)
+    np.testing.assert_allclose(np.asarray(w_lazy), np.asarray(w), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_lazy_ftrl_matches_numpy(jit, wd):
+    grads = grad_sequence(28, 50, 10, (3,), capacity=4)
+    w0 = np.random.default_rng(29).normal(size=(10, 3)).astype(np.float32)
+    opt = jsr.optim.lazy_ftrl(0.1, lamda1=0.01, beta=1.0, weight_decay=wd)
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    w_np, z_np, n_np = numpy_ftrl(w0, grads, 0.1, 0.01, 1.0, wd)
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(state.z), z_np, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(state.n), n_np, rtol=1e-5)
+
+
+def test_lazy_ftrl_from_zero_equals_dense():
+    grads = grad_sequence(30, 30, 8, (2,), capacity=3)
+    opt = jsr.optim.lazy_ftrl(0.2, lamda1=0.05, weight_decay=0.01)
+    w0 = jnp.zeros((8, 2))
+    w_lazy, _ = run_steps(opt, w0, [g for g, _, _ in grads], jit=True)
+    w_dense, _ = run_steps(opt, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True)
+    w_np, _, _ = numpy_ftrl(np.zeros((8, 2)), grads, 0.2, 0.05, 1.0, 0.01, lazy=False)
+    np.testing.assert_allclose(np.asarray(w_lazy), np.asarray(w_dense), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(w_lazy), w_np, rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_ftrl_needs_params():
+    opt = jsr.optim.lazy_ftrl()
+    with pytest.raises(ValueError, match="params"):
+        opt.update(jsr.RowSparse([[1.0]], [0], shape=(2, 1)), opt.init(jnp.zeros((2, 1))))
