@@ -1,0 +1,175 @@
+"""Composition with optax.chain / multi_transform, the RowSparse-safe
+transforms, mixed dense/RowSparse gradient trees and bad-input errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_optim_common import grad_sequence, random_rows, run_steps
+
+import jaxsparse_rows as jsr
+
+
+def _model(seed=40):
+    rng = np.random.default_rng(seed)
+    params = {
+        "emb": jnp.asarray(rng.normal(size=(12, 4)), jnp.float32),
+        "dense": {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+                  "b": jnp.zeros(3, jnp.float32)},
+    }
+    grads = []
+    for g, dense, _ in grad_sequence(seed + 1, 15, 12, (4,), capacity=4):
+        dg = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+              "b": jnp.asarray(rng.normal(size=3), jnp.float32)}
+        grads.append(({"emb": g, "dense": dg}, {"emb": jnp.asarray(dense, jnp.float32),
+                                                "dense": dg}))
+    return params, grads
+
+
+def test_mixed_tree_dense_leaves_follow_optax_adam(jit_mode):
+    params, grads = _model()
+    ours = jsr.optim.lazy_adam(0.01)
+    ref = optax.adam(0.01)
+    p1, _ = run_steps(ours, params, [g for g, _ in grads], jit=True)
+    p2, _ = run_steps(ref, params, [d for _, d in grads], jit=True, apply=optax.apply_updates)
+    np.testing.assert_allclose(np.asarray(p1["dense"]["w"]), np.asarray(p2["dense"]["w"]),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(p1["dense"]["b"]), np.asarray(p2["dense"]["b"]),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_multi_transform_lazy_adam_for_embedding():
+    params, grads = _model(50)
+    labels = {"emb": "sparse", "dense": {"w": "dense", "b": "dense"}}
+    opt = optax.multi_transform(
+        {"sparse": jsr.optim.lazy_adam(0.02), "dense": optax.adam(0.01)}, labels
+    )
+    p1, _ = run_steps(opt, params, [g for g, _ in grads], jit=True)
+    # Reference: the two optimizers run separately on their own subtrees.
+    pe, _ = run_steps(jsr.optim.lazy_adam(0.02), params["emb"], [g["emb"] for g, _ in grads],
+                      jit=True)
+    pd, _ = run_steps(optax.adam(0.01), params["dense"], [g["dense"] for g, _ in grads],
+                      jit=True, apply=optax.apply_updates)
+    np.testing.assert_array_equal(np.asarray(p1["emb"]), np.asarray(pe))
+    np.testing.assert_allclose(np.asarray(p1["dense"]["w"]), np.asarray(pd["w"]), rtol=1e-6)
+
+
+def test_chain_clip_then_lazy_sgd_matches_dense_clip():
+    params, grads = _model(60)
+    opt = optax.chain(jsr.optim.clip_by_global_norm(1.0), jsr.optim.lazy_sgd(0.1))
+    ref = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+    p1, _ = run_steps(opt, params, [g for g, _ in grads], jit=True)
+    p2, _ = run_steps(ref, params, [d for _, d in grads], jit=True, apply=optax.apply_updates)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode):
+    g = jsr.RowSparse._make(jnp.asarray([[3.0, 4.0], [0.0, 0.0]]),
+                            jnp.asarray([1, 5], jnp.int32), (5, 2))
+    tx = jsr.optim.clip_by_global_norm(2.5)
+    u, _ = jit_mode(tx.update)({"a": g, "b": jnp.zeros(2)}, tx.init(None))
+    np.testing.assert_allclose(np.asarray(u["a"].data), [[1.5, 2.0], [0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(u["a"].indices), [1, 5])
+
+
+def test_plain_optax_scale_corrupts_indices_but_lifted_does_not():
+    g = jsr.RowSparse([[1.0, 2.0]], [2], shape=(4, 2))
+    bad, _ = optax.scale(-1.0).update(g, optax.scale(-1.0).init(None))
+    assert bad.indices.tolist() != [2]  # why the wrapper exists
+    tx = jsr.optim.lift_elementwise(optax.scale(-1.0))
+    u, _ = tx.update(g, tx.init(jnp.zeros((4, 2))))
+    assert u.indices.tolist() == [2]
+    np.testing.assert_array_equal(np.asarray(u.data), [[-1.0, -2.0]])
+
+
+def test_lift_elementwise_decayed_weights_is_lazy(jit_mode):
+    rng = np.random.default_rng(70)
+    g, dense, rows = random_rows(rng, 6, (2,), capacity=4, k=2)
+    w = jnp.asarray(rng.normal(size=(6, 2)), jnp.float32)
+    tx = jsr.optim.lift_elementwise(optax.add_decayed_weights(0.5))
+    u, _ = jit_mode(tx.update)(g, tx.init(w), w)
+    expected = np.zeros((6, 2))
+    expected[rows] = dense[rows] + 0.5 * np.asarray(w)[rows]
+    np.testing.assert_allclose(u.asnumpy(), expected, rtol=1e-6)
+    assert np.all(np.asarray(u.data)[2:] == 0)  # padding stays zero
+    ours = jsr.optim.add_decayed_weights(0.5)
+    u2, _ = ours.update(g, ours.init(w), w)
+    np.testing.assert_allclose(u2.asnumpy(), expected, rtol=1e-6)
+
+
+def test_lift_elementwise_rejects_stateful_transform():
+    with pytest.raises(TypeError, match="lift_elementwise"):
+        jsr.optim.lift_elementwise(optax.trace(0.9)).init(jnp.zeros((3, 2)))
+
+
+def test_schedule_transform_lifted():
+    tx = jsr.optim.lift_elementwise(optax.scale_by_schedule(lambda c: 2.0 * (c + 1)))
+    g = jsr.RowSparse([[1.0]], [0], shape=(2, 1))
+    s = tx.init(jnp.zeros((2, 1)))
+    u, s = tx.update(g, s)
+    u, s = tx.update(g, s)
+    np.testing.assert_array_equal(np.asarray(u.data), [[4.0]])
+
+
+def test_param_with_sometimes_dense_grads():
+    # Both paths update the same state arrays.
+    w = jnp.zeros((3, 2))
+    opt = jsr.optim.lazy_adam(0.1)
+    s = opt.init(w)
+    u, s = opt.update(jsr.RowSparse([[1.0, 1.0]], [0], shape=(3, 2)), s, w)
+    w = jsr.optim.apply_updates(w, u)
+    u, s = opt.update(jnp.ones((3, 2)), s, w)
+    w = jsr.optim.apply_updates(w, u)
+    assert int(s[0].count) == 2
+    mu = np.asarray(s[0].mu)[:, 0]
+    np.testing.assert_allclose(mu, [0.19, 0.1, 0.1], rtol=1e-6)
+
+
+OPTS = {
+    "sgd": lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, weight_decay=0.1),
+    "adam": lambda: jsr.optim.lazy_adam(0.1),
+    "adamw": lambda: jsr.optim.lazy_adamw(0.1),
+    "adagrad": lambda: jsr.optim.lazy_adagrad(0.1),
+    "rowwise": lambda: jsr.optim.lazy_rowwise_adagrad(0.1),
+    "ftrl": lambda: jsr.optim.lazy_ftrl(0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_rowsparse_shape_mismatch_names_path(name):
+    opt = OPTS[name]()
+    params = {"layers": [{"emb": jnp.zeros((5, 3))}]}
+    grads = {"layers": [{"emb": jsr.RowSparse([[1.0, 1.0, 1.0]], [0], shape=(6, 3))}]}
+    with pytest.raises(ValueError, match=r"params\['layers'\]\[0\]\['emb'\].*\(6, 3\).*\(5, 3\)"):
+        opt.update(grads, opt.init(params), params)
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_dense_shape_mismatch_names_path(name):
+    opt = OPTS[name]()
+    params = {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)}
+    grads = {"w": jnp.zeros((4, 2)), "b": jnp.zeros(3)}
+    with pytest.raises(ValueError, match=r"params\['b'\].*dense.*\(3,\).*\(2,\)"):
+        opt.update(grads, opt.init(params), params)
+
+
+def test_rowsparse_params_rejected():
+    p = jsr.RowSparse([[1.0]], [0], shape=(2, 1))
+    with pytest.raises(TypeError, match="RowSparse parameter"):
+        jsr.optim.lazy_adam(0.1).init({"emb": p})
+
+
+def test_nonfinite_gradient_rows_stay_local():
+    # Documented behaviour: NaN in a listed row poisons that row (weights and
+    # state) only; other rows are untouched.
+    w = jnp.ones((4, 2))
+    opt = jsr.optim.lazy_adam(0.1)
+    g = jsr.RowSparse([[np.nan, 1.0], [1.0, 1.0]], [1, 2], shape=(4, 2))
+    u, s = opt.update(g, opt.init(w), w)
+    w2 = np.asarray(jsr.optim.apply_updates(w, u))
+    assert np.isnan(w2[1, 0]) and np.all(np.isfinite(w2[[0, 2, 3]]))
+    assert np.all(np.isfinite(np.asarray(s[0].mu)[[0, 2, 3]]))
