@@ -7,6 +7,7 @@ Import convention::
 """
 
 from . import optim as optim
+from . import testing as testing
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad
 from ._checks import check as check
@@ -75,4 +76,5 @@ __all__ = [
     "sign", "sin", "sinh", "sqrt", "square", "square_sum", "stype", "subtract", "sum", "take",
     "tan", "tanh", "to_bcoo", "to_scipy", "todense", "trunc", "value_and_grad", "verbose",
     "zeros",
+    "testing",
 ]

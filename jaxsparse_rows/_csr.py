@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ._rowsparse import _as_index_array, _as_shape
+from ._rowsparse import _as_data, _as_index_array, _as_shape, dense_numpy
 from ._util import capacity_check, check_static_int, index_dtype, is_concrete, shape_str
 
 
@@ -28,6 +28,10 @@ def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
         return jnp.zeros((0,), idt)
     marks = jnp.zeros((nse,), idt).at[indptr[1:]].add(1, mode="drop")
     return jnp.cumsum(marks, dtype=idt)
+
+
+def _unpickle(data, indices, indptr, shape) -> CSR:
+    return CSR._make(jnp.asarray(data), jnp.asarray(indices), jnp.asarray(indptr), shape)
 
 
 def _validate_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
@@ -152,7 +156,7 @@ class CSR:
 
     def __reduce__(self):
         arrays = (np.asarray(self.data), np.asarray(self.indices), np.asarray(self.indptr))
-        return (CSR._make, (*arrays, self.shape))
+        return (_unpickle, (*arrays, self.shape))
 
     @property
     def dtype(self) -> np.dtype:
@@ -205,12 +209,11 @@ class CSR:
         return out.at[rows, self.indices].add(self.data, mode="drop")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = np.asarray(self.todense())
-        return out if dtype is None else out.astype(dtype)
+        return dense_numpy(self, dtype, copy)
 
     def asnumpy(self) -> np.ndarray:
-        """The dense matrix as a ``numpy.ndarray``."""
-        return np.asarray(self.todense())
+        """The dense matrix as a new, writable ``numpy.ndarray``."""
+        return np.array(self.todense())
 
     def astype(self, dtype: Any) -> CSR:
         """Casts ``data``; structure is kept."""
@@ -284,8 +287,10 @@ class CSR:
         Example:
           >>> import jaxsparse_rows as jsr, jax.numpy as jnp
           >>> x = jsr.CSR.fromdense(jnp.array([[0., 1.], [2., 0.]]))
-          >>> x.data, x.indices, x.indptr
-          (Array([1., 2.], dtype=float32), Array([1, 0], dtype=int32), Array([0, 1, 2], dtype=int32))
+          >>> x.data, x.indices
+          (Array([1., 2.], dtype=float32), Array([1, 0], dtype=int32))
+          >>> x.indptr
+          Array([0, 1, 2], dtype=int32)
         """
         if not isinstance(x, jax.Array):
             x = jnp.asarray(x)
@@ -313,6 +318,11 @@ class CSR:
                 "CSR.fromdense on a traced array (inside jax.jit, vmap, grad...) needs a static "
                 "`nse`: the number of non-zeros is only known at run time and fixes the output "
                 "shape. Pass e.g. `CSR.fromdense(x, nse=k)`."
+            )
+        if x.size == 0:  # nothing to store; XLA rejects a gather from an empty array
+            return cls._make(
+                jnp.zeros((nse,), x.dtype), jnp.full((nse,), n, idt), jnp.zeros((m + 1,), idt),
+                (m, n),
             )
         mask = x != 0
         r, c = jnp.nonzero(mask, size=nse, fill_value=(m, n))
@@ -417,7 +427,12 @@ def csr_matrix(
         out = from_scipy(arg)
         return out.astype(dtype) if dtype is not None else out
     if not isinstance(arg, tuple):
-        return CSR.fromdense(jnp.asarray(arg, dtype=dtype))
+        if isinstance(arg, list) and dtype is None:
+            dtype = jnp.float32  # MXNet: Python lists default to float32
+        out = CSR.fromdense(_as_data(arg, dtype))
+        if shape is not None and _as_shape(shape) != out.shape:
+            raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
+        return out
     if len(arg) != 3:
         raise ValueError(
             f"`arg` must be a (data, indices, indptr) triple, got a tuple of {len(arg)}."

@@ -35,7 +35,13 @@ from ._config import log_inference, warn_fallback
 from ._csr import CSR
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, is_sparse, stype
-from ._util import coalesce_rows, index_dtype, segments_of_sorted
+from ._util import (
+    broadcast_row_mask,
+    coalesce_rows,
+    gather_rows,
+    index_dtype,
+    segments_of_sorted,
+)
 
 
 def _is_scalar(x: Any) -> bool:
@@ -48,6 +54,24 @@ def _with_data(x: Any, data: jax.Array) -> Any:
     if isinstance(x, RowSparse):
         return RowSparse._make(data, x.indices, x.shape)
     return CSR._make(data, x.indices, x.indptr, x.shape)
+
+
+def _finite_scalar(b: Any, *, nonzero: bool = False) -> bool:
+    """True when ``b`` is a concrete scalar known to keep zero padding at zero."""
+    if isinstance(b, jax.core.Tracer):
+        return False
+    v = np.asarray(b)
+    ok = v.dtype.kind not in "fc" and v.dtype.name != "bfloat16" or bool(np.isfinite(v))
+    return ok and (not nonzero or bool(np.all(v != 0)))
+
+
+def _with_data_masked(x: Any, data: jax.Array) -> Any:
+    """``_with_data`` that forces padding slots back to zero (after ``* inf``, ``/ 0``)."""
+    if isinstance(x, RowSparse):
+        mask = broadcast_row_mask(x.row_mask, data.ndim)
+    else:
+        mask = jnp.arange(x.nse, dtype=index_dtype()) < x.indptr[-1]
+    return _with_data(x, jnp.where(mask, data, jnp.zeros((), data.dtype)))
 
 
 def _same_shape(op: str, a: Any, b: Any) -> None:
@@ -159,7 +183,9 @@ def multiply(a: Any, b: Any) -> Any:
         a, b, sa, sb = b, a, sb, sa
     if _is_scalar(b):
         log_inference("multiply", (sa, "scalar"), sa)
-        return _with_data(a, a.data * b)
+        if _finite_scalar(b):
+            return _with_data(a, a.data * b)
+        return _with_data_masked(a, a.data * b)
     if sa == sb == "row_sparse":
         _same_shape("multiply", a, b)
         log_inference("multiply", (sa, sb), "row_sparse")
@@ -184,7 +210,9 @@ def divide(a: Any, b: Any) -> Any:
     """
     if is_sparse(a) and _is_scalar(b):
         log_inference("divide", (stype(a), "scalar"), stype(a))
-        return _with_data(a, a.data / b)
+        if _finite_scalar(b, nonzero=True):
+            return _with_data(a, a.data / b)
+        return _with_data_masked(a, a.data / b)
     if not is_sparse(a) and not is_sparse(b):
         return jnp.divide(a, b)
     return apply_dense(jnp.divide, a, b)
@@ -268,7 +296,7 @@ def _dense_rows(dense: jax.Array, rsp: RowSparse) -> jax.Array:
         )
     if dense.shape[0] == 1:
         return dense
-    return dense.at[rsp.indices].get(mode="fill", fill_value=0)
+    return gather_rows(dense, rsp.indices)
 
 
 def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
@@ -312,6 +340,8 @@ def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
             f"a dense operand of shape {tuple(b.shape)} does not broadcast to the csr "
             f"shape {a.shape}."
         )
+    if a.size == 0:
+        return CSR._make(a.data * jnp.zeros((), b.dtype), a.indices, a.indptr, a.shape)
     b2 = jnp.broadcast_to(b, a.shape)
     vals = b2.at[a.row_ids(), a.indices].get(mode="fill", fill_value=0)
     return CSR._make(a.data * vals, a.indices, a.indptr, a.shape)

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, csr_matrix
-from ._rowsparse import RowSparse
+from ._rowsparse import RowSparse, row_sparse_array
+from ._util import coalesce_rows, is_concrete
 
+_SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
 
 def from_scipy(m: Any) -> CSR:
@@ -38,7 +40,8 @@ def to_scipy(x: Any):
     """A ``scipy.sparse.csr_matrix`` holding the stored entries of ``x``.
 
     A 2-D RowSparse converts through its stored rows (zero values inside them
-    are dropped). Padding is never included.
+    are dropped). Padding is never included. float16 / bfloat16 data become
+    float32 (scipy.sparse has no half-precision types).
 
     Example:
       >>> import jaxsparse_rows as jsr
@@ -50,6 +53,8 @@ def to_scipy(x: Any):
     """
     import scipy.sparse as sp
 
+    if isinstance(x, RowSparse | CSR) and x.dtype.name in _SCIPY_UNSUPPORTED:
+        x = x.astype(np.float32)  # scipy.sparse has no half-precision types
     if isinstance(x, CSR):
         nnz = int(np.asarray(x.indptr)[-1])
         return sp.csr_matrix(
@@ -92,7 +97,13 @@ def to_bcoo(x: Any):
 
 
 def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
-    """A RowSparse (or CSR with ``stype="csr"``) from a concrete BCOO.
+    """A RowSparse (or CSR with ``stype="csr"``) from a BCOO.
+
+    A BCOO with one sparse dimension (``n_sparse=1``, e.g. from ``to_bcoo`` of
+    a RowSparse) maps straight to a RowSparse: its indices are sorted and
+    duplicates summed, and BCOO padding (index ``N``) is dropped (kept as
+    RowSparse padding under jit, where the capacity stays ``nse``). Other
+    layouts go through the dense form and need concrete input.
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -109,8 +120,20 @@ def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
         raise TypeError(f"`m` must be a jax.experimental.sparse.BCOO, got {type(m).__name__}.")
     if m.n_batch:
         raise ValueError(f"batched BCOO (n_batch={m.n_batch}) is not supported.")
+    if stype not in ("row_sparse", "csr"):
+        raise ValueError(f"`stype` must be 'row_sparse' or 'csr', got {stype!r}.")
     if m.n_sparse == 1 and stype == "row_sparse":
-        from ._rowsparse import row_sparse_array
-
-        return row_sparse_array((m.data, m.indices[:, 0]), shape=m.shape)
+        ids = m.indices[:, 0]
+        n = m.shape[0]
+        if is_concrete(ids, m.data):
+            keep = np.asarray(ids) < n  # BCOO pads with the out-of-bounds id N
+            return row_sparse_array((m.data[keep], ids[keep]), shape=m.shape)
+        # Under jit: sort, sum duplicates and keep the padding (id N) at the end.
+        idx, data, _ = coalesce_rows(ids, m.data, n, m.nse)
+        return RowSparse._make(data, idx, m.shape)
+    if not is_concrete(m.data, m.indices):
+        raise ValueError(
+            "from_bcoo under jit supports only a BCOO with one sparse dimension and "
+            "`stype='row_sparse'`; convert other layouts outside jit."
+        )
     return cast_storage(m.todense(), stype)

@@ -15,20 +15,41 @@ from ._util import (
     broadcast_row_mask,
     capacity_check,
     check_static_int,
+    gather_rows,
     index_dtype,
     is_concrete,
     shape_str,
 )
 
 
+def _unpickle(data: np.ndarray, indices: np.ndarray, shape: tuple[int, ...]) -> RowSparse:
+    return RowSparse._make(jnp.asarray(data), jnp.asarray(indices), shape)
+
+
+def dense_numpy(x: Any, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    """``x.__array__``: the dense form as numpy, following numpy 2's ``copy`` protocol.
+
+    Densifying always builds a new array, so ``copy=False`` (never copy) cannot be
+    honoured and raises ``ValueError``; otherwise the result is a fresh writable array.
+    """
+    if copy is False:
+        raise ValueError(
+            f"a sparse {type(x).__name__} cannot be viewed as a dense numpy array without "
+            "building a new one; use `np.asarray(x)` (copy=None) or `x.asnumpy()`."
+        )
+    out = np.array(x.todense())
+    return out if dtype is None else out.astype(dtype, copy=False)
+
+
 def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
     if isinstance(shape, int | np.integer):
         shape = (shape,)
-    try:
-        out = tuple(int(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"`{name}` must be a tuple of ints, got {shape!r}.") from None
-    if any(d < 0 for d in out) or tuple(shape) != out:
+    if isinstance(shape, str) or not isinstance(shape, Sequence | np.ndarray):
+        raise TypeError(f"`{name}` must be a tuple of ints, got {shape!r}.")
+    if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"`{name}` must be a tuple of ints, got {shape!r}.")
+    out = tuple(int(d) for d in shape)
+    if any(d < 0 for d in out):
         raise ValueError(f"`{name}` must be a tuple of non-negative ints, got {shape!r}.")
     return out
 
@@ -174,10 +195,7 @@ class RowSparse:
         return cls._make(children[0], children[1], shape)
 
     def __reduce__(self):
-        return (
-            RowSparse._make,
-            (np.asarray(self.data), np.asarray(self.indices), self.shape),
-        )
+        return (_unpickle, (np.asarray(self.data), np.asarray(self.indices), self.shape))
 
     # -- attributes ---------------------------------------------------------
     @property
@@ -233,12 +251,11 @@ class RowSparse:
         return zeros.at[self.indices].set(self.data, mode="drop", indices_are_sorted=True)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = np.asarray(self.todense())
-        return out if dtype is None else out.astype(dtype)
+        return dense_numpy(self, dtype, copy)
 
     def asnumpy(self) -> np.ndarray:
-        """The dense array as a ``numpy.ndarray`` (MXNet's ``asnumpy``)."""
-        return np.asarray(self.todense())
+        """The dense array as a new, writable ``numpy.ndarray`` (MXNet's ``asnumpy``)."""
+        return np.array(self.todense())
 
     def astype(self, dtype: Any) -> RowSparse:
         """Casts ``data``; indices and padding are kept."""
@@ -330,7 +347,7 @@ class RowSparse:
             jnp.sum(mask) <= max_rows,
             f"RowSparse.fromdense: `x` has more non-zero rows than `max_rows` = {max_rows}.",
         )
-        data = x.at[idx].get(mode="fill", fill_value=0)
+        data = gather_rows(x, idx)
         return cls._make(data, idx, x.shape)
 
     # -- operators (storage-type inference lives in _elementwise) ------------
@@ -408,15 +425,17 @@ def row_sparse_array(
     """Creates a RowSparse array, MXNet style.
 
     ``arg`` is ``(data, indices)`` (lists, numpy or jax arrays), a dense array,
-    or another RowSparse. With concrete input, unsorted indices are sorted and
-    duplicate indices are summed; under jit, input is assumed canonical (use
+    or another RowSparse. When ``indices`` are concrete (``data`` may be traced),
+    unsorted indices are sorted and duplicate indices are summed, and ids outside
+    ``[0, N)`` raise ``ValueError``. Traced ``indices`` are assumed canonical (use
     :func:`jsr.check <jaxsparse_rows.check>` with checkify to verify).
 
     Args:
       arg: ``(data, indices)``, a dense array-like, or a RowSparse.
       shape: the dense shape; required for ``(data, indices)`` input.
       dtype: optional dtype of the data (default: float32 for Python lists, as
-        in MXNet; the input dtype for numpy / jax arrays).
+        in MXNet; the input dtype for numpy / jax arrays, with float64 numpy
+        input kept as float32 unless x64 is enabled).
 
     Example:
       >>> import jaxsparse_rows as jsr
@@ -426,10 +445,11 @@ def row_sparse_array(
              [4., 5.]], dtype=float32))
     """
     if isinstance(arg, RowSparse):
-        out = arg if shape is None or tuple(shape) == arg.shape else None
-        if out is None:
-            raise ValueError(f"`shape` {tuple(shape)} does not match the array's {arg.shape}.")
-        return out.astype(dtype) if dtype is not None else out
+        if shape is not None and _as_shape(shape) != arg.shape:
+            raise ValueError(
+                f"`shape` {tuple(shape)} does not match the RowSparse's shape {arg.shape}."
+            )
+        return arg.astype(dtype) if dtype is not None else arg
     if not isinstance(arg, tuple):
         from ._csr import CSR
 
@@ -437,22 +457,24 @@ def row_sparse_array(
             from ._storage import cast_storage
 
             out = cast_storage(arg, "row_sparse")
-        else:
-            out = RowSparse.fromdense(jnp.asarray(arg, dtype=dtype))
-        return out.astype(dtype) if dtype is not None else out
+            return out.astype(dtype) if dtype is not None else out
+        if isinstance(arg, list) and dtype is None:
+            dtype = jnp.float32  # MXNet: Python lists default to float32
+        out = RowSparse.fromdense(_as_data(arg, dtype))
+        if shape is not None and _as_shape(shape) != out.shape:
+            raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
+        return out
     if len(arg) != 2:
         raise ValueError(f"`arg` must be a (data, indices) pair, got a tuple of {len(arg)}.")
     if shape is None:
         raise ValueError("`shape` is required when creating a RowSparse from (data, indices).")
     shape = _as_shape(shape)
+    if len(shape) < 1:
+        raise ValueError("`shape` must have at least one dimension (the rows), got ().")
     data, indices = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
-    if not isinstance(data, jax.Array):
-        data = np.asarray(data, dtype=dtype)
-        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
-            data = data.astype(np.float32)
-    data = jnp.asarray(data, dtype=dtype)
+    data = _as_data(data, dtype)
     idx = _as_index_array(indices)
     if data.ndim == len(shape) - 1 and idx.shape == (1,):
         data = data[None]
@@ -461,23 +483,46 @@ def row_sparse_array(
             f"`indices` must be 1-D with one id per row of `data`, got indices of shape "
             f"{tuple(idx.shape)} and data of shape {tuple(data.shape)}."
         )
-    if not (is_concrete(data, idx)):
-        return RowSparse(data, idx, shape)
-    idx_np = np.asarray(idx)
-    n = shape[0]
-    if idx_np.size and (idx_np.min() < 0 or idx_np.max() >= n):
-        bad = int(idx_np[(idx_np < 0) | (idx_np >= n)][0])
-        raise ValueError(f"`indices` must lie in [0, N) = [0, {n}), got {bad}.")
     if data.ndim != len(shape) or tuple(data.shape[1:]) != shape[1:]:
         raise ValueError(
             f"`data` must have shape [k, *shape[1:]] = [k, {', '.join(map(str, shape[1:]))}]"
             f", got {tuple(data.shape)}."
         )
-    uniq, inverse = np.unique(idx_np, return_inverse=True)
-    if len(uniq) == len(idx_np) and np.all(np.diff(idx_np) > 0):
+    if isinstance(indices, jax.core.Tracer):
         return RowSparse(data, idx, shape)
-    summed = jax.ops.segment_sum(data, jnp.asarray(inverse.reshape(-1)), num_segments=len(uniq))
-    return RowSparse(summed.astype(data.dtype), uniq.astype(index_dtype()), shape)
+    # Host copy of the ids (inside jit, `idx` itself is a staged constant).
+    idx_np = np.asarray(indices).astype(index_dtype()).reshape(idx.shape)
+    n = shape[0]
+    if idx_np.size and (idx_np.min() < 0 or idx_np.max() >= n):
+        bad = int(idx_np[(idx_np < 0) | (idx_np >= n)][0])
+        raise ValueError(
+            f"`indices` must lie in [0, N) = [0, {n}), got {bad}. Negative ids are not "
+            "allowed (they would wrap around)."
+        )
+    if idx_np.size < 2 or np.all(np.diff(idx_np) > 0):
+        return RowSparse(data, idx, shape)
+    # Canonicalise: sort and sum duplicates (data may be traced; the ids are known).
+    uniq, inverse = np.unique(idx_np, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if is_concrete(data):  # host-side: no compilation for every new shape
+        summed = np.zeros((len(uniq),) + tuple(data.shape[1:]), data.dtype)
+        np.add.at(summed, inverse, np.asarray(data))
+        return RowSparse(jnp.asarray(summed), jnp.asarray(uniq.astype(index_dtype())), shape)
+    summed = jax.ops.segment_sum(
+        data, jnp.asarray(inverse.reshape(-1).astype(index_dtype())), num_segments=len(uniq)
+    )
+    return RowSparse(summed.astype(data.dtype), jnp.asarray(uniq.astype(index_dtype())), shape)
+
+
+def _as_data(data: Any, dtype: Any) -> jax.Array:
+    """``jnp.asarray`` that keeps float64 numpy input as float32 when x64 is off."""
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+    if not isinstance(data, jax.Array):
+        data = np.asarray(data, dtype=dtype)
+        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
+            data = data.astype(np.float32)
+    return jnp.asarray(data, dtype=dtype)
 
 
 def mask_padding(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:

@@ -97,6 +97,8 @@ def _csr_to_rowsparse(x: CSR) -> RowSparse:
         return RowSparse.fromdense(x.todense())
     m, n = x.shape
     idt = index_dtype()
+    if m == 0 or n == 0 or x.nse == 0:
+        return RowSparse._make(jnp.zeros((0, n), x.dtype), jnp.zeros((0,), idt), x.shape)
     nonempty = jnp.diff(x.indptr) > 0
     (rows,) = jnp.nonzero(nonempty, size=min(m, x.nse), fill_value=m)
     rows = rows.astype(idt)

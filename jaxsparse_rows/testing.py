@@ -1,0 +1,269 @@
+"""Test helpers for code that uses jaxsparse_rows: random sparse arrays and
+dense-oracle assertions.
+
+Everything here is plain numpy + jax (no pytest or hypothesis), so it can be
+used from any test framework::
+
+    import numpy as np
+    import jaxsparse_rows as jsr
+    from jaxsparse_rows import testing as jsrt
+
+    rng = np.random.default_rng(0)
+    x = jsrt.random_rowsparse(rng, (10, 3), n_rows=4, capacity=6)
+    jsrt.assert_allclose(x * 2, 2 * x.asnumpy(), stype="row_sparse")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._csr import CSR, _validate_csr
+from ._rowsparse import RowSparse, validate_row_indices
+from ._storage import stype as _stype
+from ._util import index_dtype
+
+__all__ = [
+    "assert_allclose",
+    "assert_valid",
+    "random_csr",
+    "random_dense",
+    "random_rowsparse",
+    "tolerance",
+]
+
+_TOLERANCES = {
+    "bfloat16": (2e-2, 2e-2),
+    "float16": (2e-3, 2e-3),
+    "float32": (1e-5, 1e-6),
+    "float64": (1e-12, 1e-12),
+}
+
+
+def tolerance(dtype: Any) -> tuple[float, float]:
+    """``(rtol, atol)`` suitable for comparing results of one op in ``dtype``.
+
+    Example:
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> jsrt.tolerance("float16")
+      (0.002, 0.002)
+    """
+    name = jnp.dtype(dtype).name
+    return _TOLERANCES.get(name, (0.0, 0.0))
+
+
+def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Non-zero values exactly representable in every float dtype (multiples of 1/4)."""
+    dtype = jnp.dtype(dtype)
+    mag = rng.integers(1, 9, size=shape)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger) or dtype == np.bool_:
+        return mag.astype(dtype)
+    sign = rng.choice(np.array([-1, 1]), size=shape)
+    vals = sign * mag
+    if jnp.issubdtype(dtype, jnp.floating):
+        return (vals / 4.0).astype(dtype)
+    return vals.astype(dtype)
+
+
+def random_dense(
+    rng: np.random.Generator, shape: Sequence[int], dtype: Any = np.float32
+) -> np.ndarray:
+    """A dense numpy array of small non-zero values (multiples of 1/4 in ``[-2, 2]``).
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> x = jsrt.random_dense(np.random.default_rng(0), (2, 3))
+      >>> x.shape, x.dtype, bool(np.all(x != 0))
+      ((2, 3), dtype('float32'), True)
+    """
+    return _values(rng, tuple(shape), dtype)
+
+
+def random_rowsparse(
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    *,
+    n_rows: int | None = None,
+    capacity: int | None = None,
+    dtype: Any = np.float32,
+) -> RowSparse:
+    """A random canonical RowSparse array.
+
+    Args:
+      rng: a ``numpy.random.Generator``.
+      shape: the dense shape ``(N, D1..Dn)``.
+      n_rows: number of stored (real) rows, chosen at random in ``[0, N]`` if
+        omitted. Stored rows hold non-zero values.
+      capacity: static capacity ``k >= n_rows``; slots past the real rows are
+        padding (id ``N``, zero data). Default: ``n_rows`` (no padding).
+      dtype: the data dtype.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> x = jsrt.random_rowsparse(np.random.default_rng(0), (5, 2), n_rows=2, capacity=3)
+      >>> x, x.indices[-1].item()
+      (RowSparse(float32[5, 2], rows=2, capacity=3), 5)
+    """
+    shape = tuple(int(d) for d in shape)
+    n = shape[0]
+    if n_rows is None:
+        n_rows = int(rng.integers(0, n + 1))
+    if not 0 <= n_rows <= n:
+        raise ValueError(f"`n_rows` must lie in [0, N] = [0, {n}], got {n_rows}.")
+    capacity = n_rows if capacity is None else int(capacity)
+    if capacity < n_rows:
+        raise ValueError(f"`capacity` must be >= `n_rows` = {n_rows}, got {capacity}.")
+    rows = np.sort(rng.choice(n, size=n_rows, replace=False)) if n_rows else np.zeros(0, int)
+    idx = np.full((capacity,), n, dtype=index_dtype())
+    idx[:n_rows] = rows
+    data = np.zeros((capacity,) + shape[1:], dtype=jnp.dtype(dtype))
+    data[:n_rows] = _values(rng, (n_rows,) + shape[1:], dtype)
+    return RowSparse(jnp.asarray(data), jnp.asarray(idx), shape)
+
+
+def random_csr(
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    *,
+    density: float = 0.3,
+    nse: int | None = None,
+    dtype: Any = np.float32,
+) -> CSR:
+    """A random canonical CSR matrix.
+
+    Args:
+      rng: a ``numpy.random.Generator``.
+      shape: ``(M, K)``.
+      density: probability that an entry is stored (stored values are non-zero).
+      nse: static capacity; default the number of stored entries. Extra slots are
+        padding (column id ``K``, zero data). If fewer than the drawn entries, the
+        entries are thinned to fit.
+      dtype: the data dtype.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> x = jsrt.random_csr(np.random.default_rng(0), (4, 6), density=0.5, nse=20)
+      >>> x.nse, x.shape
+      (20, (4, 6))
+    """
+    m, k = (int(d) for d in shape)
+    mask = rng.random((m, k)) < density
+    rows, cols = np.nonzero(mask)
+    if nse is not None and len(rows) > nse:
+        keep = np.sort(rng.choice(len(rows), size=nse, replace=False))
+        rows, cols = rows[keep], cols[keep]
+    cap = len(rows) if nse is None else int(nse)
+    idt = index_dtype()
+    data = np.zeros((cap,), jnp.dtype(dtype))
+    data[: len(rows)] = _values(rng, (len(rows),), dtype)
+    ind = np.full((cap,), k, idt)
+    ind[: len(rows)] = cols
+    indptr = np.zeros((m + 1,), idt)
+    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+    return CSR(jnp.asarray(data), jnp.asarray(ind), jnp.asarray(indptr), (m, k))
+
+
+def _dense(x: Any) -> np.ndarray:
+    if isinstance(x, RowSparse | CSR):
+        return np.asarray(x.todense())
+    return np.asarray(x)
+
+
+def assert_allclose(
+    actual: Any,
+    expected: Any,
+    *,
+    stype: str | None = None,
+    dtype: Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Asserts that ``actual`` (sparse or dense) equals the dense ``expected``.
+
+    Both sides are densified and compared in float64 with the tolerance of
+    ``actual``'s dtype (see :func:`tolerance`) unless ``rtol`` / ``atol`` are
+    given. Shapes must match exactly. If ``stype`` is given, ``actual`` must
+    have that storage type; if ``dtype`` is given, ``actual`` must have that
+    dtype. A sparse ``actual`` is also checked with :func:`assert_valid`.
+
+    Example:
+      >>> import numpy as np, jaxsparse_rows as jsr
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))
+      >>> jsrt.assert_allclose(a * 2, [[0, 0], [2, 4], [0, 0]], stype="row_sparse")
+    """
+    if stype is not None and _stype(actual) != stype:
+        raise AssertionError(f"expected storage type {stype!r}, got {_stype(actual)!r}.")
+    act_dtype = actual.dtype if hasattr(actual, "dtype") else np.asarray(actual).dtype
+    if dtype is not None and jnp.dtype(act_dtype) != jnp.dtype(dtype):
+        raise AssertionError(f"expected dtype {jnp.dtype(dtype)}, got {jnp.dtype(act_dtype)}.")
+    if isinstance(actual, RowSparse | CSR):
+        assert_valid(actual)
+    a = _dense(actual)
+    e = np.asarray(_dense(expected))
+    if a.shape != e.shape:
+        raise AssertionError(f"shape mismatch: actual {a.shape}, expected {e.shape}.")
+    default_rtol, default_atol = tolerance(act_dtype)
+    np.testing.assert_allclose(
+        a.astype(np.float64) if a.dtype.kind in "fc" or a.dtype.name == "bfloat16" else a,
+        e.astype(np.float64) if e.dtype.kind in "fc" or e.dtype.name == "bfloat16" else e,
+        rtol=default_rtol if rtol is None else rtol,
+        atol=default_atol if atol is None else atol,
+    )
+
+
+def assert_valid(x: Any) -> None:
+    """Asserts the structural invariants of a concrete RowSparse or CSR array.
+
+    RowSparse: ``data`` is ``[k, *shape[1:]]``, ``indices`` is ``[k]`` of the
+    default index dtype, real ids sorted, unique and in ``[0, N)``, padding
+    slots (id ``N``) last with zero data. CSR: the same for ``indptr`` /
+    column ids / padding. The checks run in numpy (for traced arrays use
+    :func:`jsr.check <jaxsparse_rows.check>` with checkify).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> from jaxsparse_rows import testing as jsrt
+      >>> jsrt.assert_valid(jsr.RowSparse.fromdense(jnp.eye(3)))
+    """
+    if not isinstance(x, RowSparse | CSR):
+        raise AssertionError(f"expected a RowSparse or CSR, got {type(x).__name__}.")
+    if not isinstance(x.data, jax.Array) or not isinstance(x.indices, jax.Array):
+        raise AssertionError(
+            f"children must be jax arrays, got {type(x.data).__name__} / "
+            f"{type(x.indices).__name__}."
+        )
+    if x.indices.dtype != index_dtype():
+        raise AssertionError(f"indices dtype must be {index_dtype()}, got {x.indices.dtype}.")
+    if x.indices.ndim != 1 or x.data.shape[0] != x.indices.shape[0]:
+        raise AssertionError(
+            f"data {x.data.shape} and indices {x.indices.shape} disagree on the capacity."
+        )
+    if isinstance(x, RowSparse):
+        if tuple(x.data.shape[1:]) != tuple(x.shape[1:]):
+            raise AssertionError(f"data {x.data.shape} does not match shape {x.shape}.")
+    else:
+        if x.indptr.dtype != index_dtype() or x.indptr.shape != (x.shape[0] + 1,):
+            raise AssertionError(
+                f"indptr must be [{x.shape[0] + 1}] {index_dtype()}, got "
+                f"{x.indptr.shape} {x.indptr.dtype}."
+            )
+        if x.data.ndim != 1:
+            raise AssertionError(f"CSR data must be 1-D, got {x.data.shape}.")
+    data = np.asarray(x.data)
+    try:
+        if isinstance(x, RowSparse):
+            n_real = validate_row_indices(np.asarray(x.indices), x.shape[0])
+            if np.any(data[n_real:] != 0):
+                raise ValueError("padding slots (id N) must hold zero `data`.")
+        else:
+            _validate_csr(data, np.asarray(x.indices), np.asarray(x.indptr), x.shape)
+    except ValueError as e:
+        raise AssertionError(str(e)) from None

@@ -1,0 +1,320 @@
+"""RowSparse: constructors, attributes, conversions and bad input, against a dense
+numpy oracle, eagerly and under jit, over edge shapes and dtypes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from jax.experimental import checkify
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+from jaxsparse_rows._util import index_dtype
+from tests import strategies as sst
+
+DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16]
+
+# (shape, n_rows, capacity): N = 0, 1, many; k = 0; padding; 1-D, 2-D, 3-D+ rows.
+SHAPES = [
+    ((0, 3), 0, 0),
+    ((0, 3), 0, 2),
+    ((1, 2), 1, 1),
+    ((1, 2), 0, 0),
+    ((6, 2), 2, 2),
+    ((6, 2), 2, 5),
+    ((7,), 3, 4),
+    ((5, 2, 3), 2, 3),
+    ((4, 1, 2, 2), 4, 4),
+    ((5, 0), 2, 2),
+]
+
+
+def nonzero_rows(dense: np.ndarray) -> np.ndarray:
+    return np.nonzero(np.any(dense != 0, axis=tuple(range(1, dense.ndim))))[0]
+
+
+def oracle(x: jsr.RowSparse) -> np.ndarray:
+    """Dense numpy array built from the children with numpy only."""
+    data = np.asarray(x.data)
+    idx = np.asarray(x.indices)
+    out = np.zeros(x.shape, data.dtype)
+    real = idx < x.shape[0]
+    out[idx[real]] = data[real]
+    return out
+
+
+@pytest.mark.parametrize("shape,n_rows,cap", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_todense_attributes(shape, n_rows, cap, dtype, jit_mode):
+    x = jsrt.random_rowsparse(np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap,
+                              dtype=dtype)
+    dense, nnz = jit_mode(lambda x: (x.todense(), x.nnz_rows))(x)
+    assert dense.dtype == dtype and dense.shape == shape
+    np.testing.assert_array_equal(np.asarray(dense), oracle(x))
+    assert int(nnz) == n_rows
+    assert x.shape == shape and x.dtype == dtype and x.ndim == len(shape)
+    assert x.stype == "row_sparse" and x.capacity == cap and len(x) == shape[0]
+    assert x.indices.dtype == index_dtype()
+    np.testing.assert_array_equal(np.asarray(x.row_mask), np.arange(cap) < n_rows)
+    extra = "" if cap == n_rows else f", capacity={cap}"
+    head = f"{jnp.dtype(dtype).name}[{', '.join(map(str, shape))}]"
+    assert repr(x) == f"RowSparse({head}, rows={n_rows}{extra})"
+
+
+def test_float64_under_x64(jit_mode):
+    with jax.enable_x64(True):
+        x = jsr.row_sparse_array(([[1.5, 2.0]], [2]), shape=(3, 2), dtype=np.float64)
+        assert x.dtype == np.float64 and x.indices.dtype == np.int64
+        out = jit_mode(lambda x: (x * 2).todense())(x)
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(np.asarray(out), [[0, 0], [0, 0], [3, 4]])
+        # float64 numpy input keeps its dtype under x64
+        y = jsr.row_sparse_array((np.ones((1, 2)), [0]), shape=(3, 2))
+        assert y.dtype == np.float64
+    x32 = jsr.row_sparse_array((np.ones((1, 2)), [0]), shape=(3, 2))
+    assert x32.dtype == np.float32 and x32.indices.dtype == np.int32
+
+
+# -- strict constructor ---------------------------------------------------------
+def test_strict_constructor_accepts_padding():
+    x = jsr.RowSparse([[1.0], [0.0]], [1, 3], shape=(3, 1))
+    assert repr(x) == "RowSparse(float32[3, 1], rows=1, capacity=2)"
+    np.testing.assert_array_equal(x.asnumpy(), [[0], [1], [0]])
+
+
+def test_strict_constructor_under_jit_takes_traced_values():
+    # under jit only shapes/dtypes are checked; values are the caller's promise
+    f = jax.jit(lambda d, i: jsr.RowSparse(d, i, (4, 2)).todense())
+    out = f(jnp.ones((2, 2)), jnp.array([0, 3]))
+    np.testing.assert_array_equal(np.asarray(out), [[1, 1], [0, 0], [0, 0], [1, 1]])
+
+
+BAD_STRICT = [
+    (([[1.0], [2.0]], [3, 1], (4, 1)), ValueError, "sorted ascending.*unsorted ids 3, 1"),
+    (([[1.0], [2.0]], [1, 1], (4, 1)), ValueError, "duplicate ids 1, 1"),
+    (([[1.0]], [5], (4, 1)), ValueError, r"`indices` must be < N = 4.*got 5"),
+    (([[1.0]], [-1], (4, 1)), ValueError, r"`indices` must be >= 0, got -1"),
+    (([[1.0], [2.0]], [1], (4, 1)), ValueError, "same length.*2 rows of data and 1 indices"),
+    (([1.0, 2.0], [0, 1], (4, 1)), ValueError, r"`data` must have ndim == len\(shape\) = 2"),
+    (([[1.0, 2.0]], [0], (4, 3)), ValueError, r"trailing dims must equal shape\[1:\] = \(3,\)"),
+    (([[1.0]], [[0]], (4, 1)), ValueError, "`indices` must be 1-D"),
+    (([[1.0]], [0.0], (4, 1)), TypeError, "`indices` must have an integer dtype, got float"),
+    (([[0.0], [1.0]], [4, 1], (4, 1)), ValueError, "padding slots .* must come after"),
+    (([[1.0], [1.0]], [1, 4], (4, 1)), ValueError, "padding slots .* must hold zero `data`"),
+    (([[1.0]], [0], ()), ValueError, "at least one dimension"),
+    (([[1.0]], [0], (-1, 1)), ValueError, "`shape` must be a tuple of non-negative ints"),
+    (([[1.0]], [0], "ab"), TypeError, "`shape` must be a tuple of ints"),
+]
+
+
+@pytest.mark.parametrize("args,exc,match", BAD_STRICT)
+def test_strict_constructor_rejects(args, exc, match):
+    with pytest.raises(exc, match=match):
+        jsr.RowSparse(*args)
+
+
+# -- row_sparse_array -------------------------------------------------------------
+def test_row_sparse_array_defaults():
+    a = jsr.row_sparse_array(([[1, 2], [3, 4]], [1, 4]), shape=(6, 2))
+    assert a.dtype == jnp.float32  # Python lists default to float32 (MXNet)
+    b = jsr.row_sparse_array((np.array([[1, 2], [3, 4]]), np.array([1, 4])), shape=(6, 2))
+    assert jnp.issubdtype(b.dtype, jnp.integer)  # numpy input keeps its kind
+    c = jsr.row_sparse_array((np.ones((2, 2)), [1, 4]), shape=(6, 2))
+    assert c.dtype == jnp.float32  # float64 numpy -> float32 without x64
+    d = jsr.row_sparse_array(([[1, 2], [3, 4]], [1, 4]), shape=(6, 2), dtype="float16")
+    assert d.dtype == jnp.float16
+    for x in (a, b, c, d):
+        jsrt.assert_valid(x)
+    np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    # a single row may be given without its leading axis
+    e = jsr.row_sparse_array(([1.0, 2.0], [3]), shape=(4, 2))
+    np.testing.assert_array_equal(e.asnumpy()[3], [1, 2])
+
+
+def test_row_sparse_array_from_dense_and_sparse():
+    a = jsr.row_sparse_array([[0, 0], [1, 2]])
+    assert a.dtype == jnp.float32 and a.indices.tolist() == [1]
+    b = jsr.row_sparse_array(np.array([[0.0, 0.0], [1.0, 2.0]], np.float16))
+    assert b.dtype == jnp.float16
+    assert jsr.row_sparse_array(a) is a
+    assert jsr.row_sparse_array(a, dtype=jnp.bfloat16).dtype == jnp.bfloat16
+    c = jsr.row_sparse_array(jsr.csr_matrix([[0.0, 3.0], [0.0, 0.0]]))
+    assert c.stype == "row_sparse"
+    np.testing.assert_array_equal(c.asnumpy(), [[0, 3], [0, 0]])
+    with pytest.raises(ValueError, match="`shape` .* does not match"):
+        jsr.row_sparse_array(a, shape=(3, 2))
+    with pytest.raises(ValueError, match="`shape` .* does not match"):
+        jsr.row_sparse_array([[0, 1]], shape=(3, 2))
+
+
+@given(sst.coo_triplets())
+def test_row_sparse_array_canonicalises(triplet):
+    data, ids, shape = triplet
+    x = jsr.row_sparse_array((data, ids), shape=shape)
+    jsrt.assert_valid(x)
+    expected = np.zeros(shape, np.float32)
+    np.add.at(expected, ids, data)
+    np.testing.assert_allclose(x.asnumpy(), expected, rtol=1e-6)
+    assert x.capacity == len(np.unique(ids))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_sparse_array_canonicalises_traced_data(dtype):
+    # the ids are concrete (closed over), the data traced: still canonicalised
+    ids = np.array([4, 1, 4, 0])
+
+    @jax.jit
+    def f(data):
+        return jsr.row_sparse_array((data, ids), shape=(5, 2))
+
+    data = jnp.arange(8, dtype=dtype).reshape(4, 2)
+    x = f(data)
+    assert x.dtype == dtype and x.indices.tolist() == [0, 1, 4]
+    expected = np.zeros((5, 2), np.float32)
+    np.add.at(expected, ids, np.arange(8.0).reshape(4, 2))
+    np.testing.assert_array_equal(x.asnumpy().astype(np.float32), expected)
+
+
+BAD_RSA = [
+    ((([[1.0]], [7]),), {"shape": (4, 1)}, ValueError, r"lie in \[0, N\) = \[0, 4\), got 7"),
+    ((([[1.0]], [-2]),), {"shape": (4, 1)}, ValueError, "got -2. Negative ids"),
+    ((([[1.0]], [4]),), {"shape": (4, 1)}, ValueError, r"lie in \[0, N\)"),
+    ((([[1.0]], [1]),), {}, ValueError, "`shape` is required"),
+    ((([[1.0]], [1], [2]),), {"shape": (4, 1)}, ValueError, "pair, got a tuple of 3"),
+    ((([[1.0], [2.0]], [1]),), {"shape": (4, 1)}, ValueError, "one id per row of `data`"),
+    ((([[1.0, 2.0]], [1]),), {"shape": (4, 1)}, ValueError, r"shape \[k, \*shape\[1:\]\]"),
+    ((([[1.0]], [1.5]),), {"shape": (4, 1)}, TypeError, "integer dtype"),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", BAD_RSA)
+def test_row_sparse_array_rejects(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        jsr.row_sparse_array(*args, **kwargs)
+
+
+# -- fromdense ------------------------------------------------------------------
+DENSE_CASES = [
+    np.zeros((0, 3)),
+    np.zeros((4, 2)),
+    np.array([[1.0, 2.0], [0.0, 0.0], [3.0, 0.0]]),
+    np.array([0.0, 5.0, 0.0, -1.0]),
+    np.arange(24.0).reshape(4, 3, 2) * (np.arange(4) % 2 == 0)[:, None, None],
+]
+
+
+@pytest.mark.parametrize("dense", DENSE_CASES, ids=lambda d: str(d.shape))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fromdense_exact(dense, dtype):
+    x = jsr.RowSparse.fromdense(jnp.asarray(dense, dtype))
+    jsrt.assert_valid(x)
+    nz_rows = nonzero_rows(dense)
+    assert x.indices.tolist() == nz_rows.tolist() and x.dtype == dtype
+    np.testing.assert_array_equal(x.asnumpy().astype(np.float64), dense)
+
+
+@pytest.mark.parametrize("dense", DENSE_CASES, ids=lambda d: str(d.shape))
+def test_fromdense_max_rows(dense, jit_mode):
+    n_nz = len(nonzero_rows(dense))
+    f = jit_mode(lambda d: jsr.RowSparse.fromdense(d, max_rows=n_nz + 2))
+    x = f(jnp.asarray(dense, jnp.float32))
+    jsrt.assert_valid(x)
+    assert x.capacity == n_nz + 2 and int(x.nnz_rows) == n_nz
+    np.testing.assert_array_equal(x.asnumpy(), dense)
+
+
+def test_fromdense_overflow_is_reported():
+    dense = jnp.array([[1.0], [2.0], [3.0]])
+    with pytest.raises(ValueError, match="3 non-zero rows, more than `max_rows` = 2"):
+        jsr.RowSparse.fromdense(dense, max_rows=2)
+    f = checkify.checkify(
+        jax.jit(lambda d: jsr.RowSparse.fromdense(d, max_rows=2)), errors=checkify.user_checks
+    )
+    err, x = f(dense)
+    with pytest.raises(checkify.JaxRuntimeError, match="more non-zero rows than `max_rows` = 2"):
+        err.throw()
+    err, _ = f(jnp.array([[1.0], [0.0], [3.0]]))
+    err.throw()  # within capacity: no error
+
+
+def test_fromdense_under_jit_needs_max_rows():
+    with pytest.raises(ValueError, match="needs a static `max_rows`"):
+        jax.jit(jsr.RowSparse.fromdense)(jnp.ones((2, 2)))
+    with pytest.raises(TypeError, match="`max_rows` must be a concrete Python int"):
+        jax.jit(lambda d, k: jsr.RowSparse.fromdense(d, max_rows=k))(jnp.ones((2, 2)), 2)
+    with pytest.raises(ValueError, match="`max_rows` must be an int >= 0"):
+        jsr.RowSparse.fromdense(jnp.ones((2, 2)), max_rows=-1)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        jsr.RowSparse.fromdense(jnp.float32(1.0))
+
+
+@settings(max_examples=15)
+@given(sst.rowsparse())
+def test_fromdense_roundtrip_property(x):
+    y = jsr.RowSparse.fromdense(x.todense())
+    jsrt.assert_valid(y)
+    np.testing.assert_array_equal(y.asnumpy(), x.asnumpy())
+    # stored rows hold non-zero values, so exactly those rows come back
+    assert y.indices.tolist() == nonzero_rows(oracle(x)).tolist()
+
+
+# -- conversions and copies -------------------------------------------------------
+@pytest.mark.parametrize("shape,n_rows,cap", SHAPES[:6])
+def test_numpy_conversion(shape, n_rows, cap):
+    x = jsrt.random_rowsparse(np.random.default_rng(2), shape, n_rows=n_rows, capacity=cap)
+    a = np.asarray(x)
+    np.testing.assert_array_equal(a, oracle(x))
+    assert a.flags.writeable
+    b = x.asnumpy()
+    b[...] = 7  # a fresh, writable copy: the array is unchanged
+    np.testing.assert_array_equal(x.asnumpy(), oracle(x))
+    assert np.asarray(x, dtype=np.float64).dtype == np.float64
+    assert np.array(x, copy=True).dtype == np.float32
+    with pytest.raises(ValueError, match="cannot be viewed as a dense numpy array"):
+        np.asarray(x, copy=False)
+
+
+@pytest.mark.parametrize("src", DTYPES)
+@pytest.mark.parametrize("dst", DTYPES + [jnp.int32])
+def test_astype(src, dst, jit_mode):
+    x = jsrt.random_rowsparse(np.random.default_rng(3), (5, 2), n_rows=2, capacity=3, dtype=src)
+    y = jit_mode(lambda x: x.astype(dst))(x)
+    assert y.dtype == dst and y.shape == x.shape
+    jsrt.assert_valid(y)
+    np.testing.assert_array_equal(y.asnumpy(), oracle(x).astype(dst))
+
+
+def test_copy_is_deep():
+    x = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+    y = x.copy()
+    assert y is not x and y.data is not x.data and y.indices is not x.indices
+    assert type(y) is jsr.RowSparse and y.shape == x.shape
+    np.testing.assert_array_equal(y.asnumpy(), x.asnumpy())
+    x.data.delete()  # the copy owns its own buffers
+    np.testing.assert_array_equal(y.asnumpy(), [[0, 0], [1, 2], [0, 0]])
+
+
+@pytest.mark.parametrize("cap", [0, 2, 3, 6])
+def test_with_capacity(cap, jit_mode):
+    x = jsrt.random_rowsparse(np.random.default_rng(4), (6, 2), n_rows=2, capacity=3)
+    y = jit_mode(lambda x: x.with_capacity(cap))(x) if cap >= 2 else None
+    if y is not None:
+        assert y.capacity == cap
+        jsrt.assert_valid(y)
+        np.testing.assert_array_equal(y.asnumpy(), x.asnumpy())
+    else:
+        with pytest.raises(ValueError, match=r"with_capacity\(0\) would drop rows"):
+            x.with_capacity(cap)
+
+
+def test_zeros_row_sparse():
+    z = jsr.zeros("row_sparse", (4, 2, 3), dtype=jnp.bfloat16)
+    jsrt.assert_valid(z)
+    assert z.capacity == 0 and z.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(z.asnumpy().astype(np.float32), np.zeros((4, 2, 3)))
+    assert repr(jsr.zeros("row_sparse", (100, 8))) == "RowSparse(float32[100, 8], rows=0)"
+    with pytest.raises(ValueError, match="at least one dimension for row_sparse"):
+        jsr.zeros("row_sparse", ())
