@@ -130,6 +130,7 @@ def gather_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 
     Works when ``x`` has no rows at all (XLA rejects a gather from an empty axis).
     """
+    x = jnp.asarray(x)
     if x.shape[0] == 0:
         return jnp.zeros(tuple(rows.shape) + tuple(x.shape[1:]), x.dtype)
     return x.at[rows].get(mode="fill", fill_value=0)
