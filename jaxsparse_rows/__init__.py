@@ -6,7 +6,9 @@ Import convention::
     import jaxsparse_rows as jsr
 """
 
+from . import io as io
 from . import optim as optim
+from . import random as random
 from . import testing as testing
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad
@@ -71,10 +73,11 @@ __all__ = [
     "CSR", "RowSparse", "StorageFallbackWarning", "ZERO_PRESERVING_UNARY", "abs", "add",
     "apply_dense", "arcsin", "arcsinh", "arctan", "arctanh", "cast_storage", "ceil", "check",
     "csr_matrix", "deg2rad", "divide", "dot", "expm1", "floor", "from_bcoo", "from_scipy",
-    "grad", "is_sparse", "is_verbose", "log1p", "multiply", "negative", "norm", "optim",
+    "grad", "io", "is_sparse", "is_verbose", "log1p", "multiply", "negative", "norm", "optim",
     "power", "pull_rows", "rad2deg", "relu", "retain", "rint", "row_sparse_array", "set_verbose",
     "sign", "sin", "sinh", "sqrt", "square", "square_sum", "stype", "subtract", "sum", "take",
     "tan", "tanh", "to_bcoo", "to_scipy", "todense", "trunc", "value_and_grad", "verbose",
     "zeros",
+    "random",
     "testing",
 ]

@@ -1,0 +1,367 @@
+"""Fixed-shape CSR batches: ``CSRIter`` over in-memory data, ``LibSVMIter``
+streaming a file, and the bucketing that keeps a jitted step's compilations
+to one per nnz bucket."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._csr import CSR
+from .._util import check_static_int, index_dtype
+from ._libsvm import Parsed, check_num_features, parse_libsvm_bytes, shift_ids
+
+_LAST_BATCH = ("discard", "pad", "roll_over")
+
+
+class Batch(NamedTuple):
+    """One fixed-shape mini-batch.
+
+    Attributes:
+      x: CSR ``[batch_size, K]`` whose entry capacity ``x.nse`` is a bucket
+        (padding slots past ``indptr[-1]`` carry column id ``K`` and zero data).
+      y: ``[batch_size, ...]`` labels; rows past ``num_rows`` are zero.
+      num_rows: int32 scalar, the number of real rows (``< batch_size`` only
+        for a padded last batch). It is an array, so it does not recompile.
+    """
+
+    x: CSR
+    y: jax.Array
+    num_rows: jax.Array
+
+    @property
+    def mask(self) -> jax.Array:
+        """``[batch_size]`` boolean mask of the real rows (works under jit)."""
+        return jnp.arange(self.x.shape[0]) < self.num_rows
+
+
+def nnz_bucket(nnz: int, buckets: Sequence[int] | None = None, minimum: int = 16) -> int:
+    """The entry capacity for a batch holding ``nnz`` entries.
+
+    The smallest of ``buckets`` that holds ``nnz``; with no ``buckets``, or
+    when ``nnz`` exceeds them all, the smallest power of two ``>= max(nnz,
+    minimum)``. A batch therefore never loses entries: it moves to a larger
+    bucket.
+
+    Example:
+      >>> from jaxsparse_rows.io import nnz_bucket
+      >>> nnz_bucket(3), nnz_bucket(100), nnz_bucket(100, buckets=[64, 256])
+      (16, 128, 256)
+    """
+    if buckets:
+        fits = [b for b in buckets if b >= nnz]
+        if fits:
+            return min(fits)
+    cap = max(int(nnz), int(minimum), 1)
+    return 1 << (cap - 1).bit_length()
+
+
+def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
+    if buckets is None:
+        return None
+    out = tuple(check_static_int(b, "nnz_buckets", minimum=1) for b in buckets)
+    if not out:
+        raise ValueError("`nnz_buckets` must be None or a non-empty sequence of ints >= 1.")
+    return tuple(sorted(set(out)))
+
+
+def _check_common(batch_size: Any, last_batch: str) -> int:
+    batch_size = check_static_int(batch_size, "batch_size", minimum=1)
+    if last_batch not in _LAST_BATCH:
+        raise ValueError(f"`last_batch` must be one of {_LAST_BATCH}, got {last_batch!r}.")
+    return batch_size
+
+
+class _Rows(NamedTuple):
+    """Host CSR rows (0-based column ids) with labels."""
+
+    data: np.ndarray
+    cols: np.ndarray
+    indptr: np.ndarray
+    y: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.indptr.size - 1
+
+    def take(self, rows: np.ndarray) -> _Rows:
+        """The listed rows, in order (vectorised segment gather)."""
+        starts = self.indptr[rows]
+        lens = self.indptr[rows + 1] - starts
+        ptr = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        pos = np.repeat(starts - ptr[:-1], lens) + np.arange(ptr[-1])
+        return _Rows(self.data[pos], self.cols[pos], ptr, self.y[rows])
+
+    def slice(self, a: int, b: int) -> _Rows:
+        lo, hi = self.indptr[a], self.indptr[b]
+        return _Rows(self.data[lo:hi], self.cols[lo:hi], self.indptr[a : b + 1] - lo, self.y[a:b])
+
+    @staticmethod
+    def concat(a: _Rows, b: _Rows) -> _Rows:
+        ptr = np.concatenate([a.indptr, a.indptr[-1] + b.indptr[1:]])
+        return _Rows(
+            np.concatenate([a.data, b.data]),
+            np.concatenate([a.cols, b.cols]),
+            ptr,
+            np.concatenate([a.y, b.y]),
+        )
+
+
+def _to_batch(rows: _Rows, batch_size: int, num_features: int, buckets, minimum: int) -> Batch:
+    """Pads ``rows`` (at most ``batch_size``) to a fixed-shape :class:`Batch`."""
+    n, nnz = rows.n, int(rows.indptr[-1])
+    cap = nnz_bucket(nnz, buckets, minimum)
+    idt = index_dtype()
+    data = np.zeros(cap, rows.data.dtype)
+    data[:nnz] = rows.data
+    cols = np.full(cap, num_features, idt)
+    cols[:nnz] = rows.cols
+    ptr = np.full(batch_size + 1, nnz, idt)
+    ptr[: n + 1] = rows.indptr
+    y = np.zeros((batch_size,) + rows.y.shape[1:], rows.y.dtype)
+    y[:n] = rows.y
+    data, cols, ptr, y, count = jax.device_put((data, cols, ptr, y, np.int32(n)))
+    return Batch(CSR._make(data, cols, ptr, (batch_size, num_features)), y, count)
+
+
+class _Batcher:
+    """Shared batching state: bucket choice and the last-batch policy."""
+
+    batch_size: int
+    num_features: int
+    last_batch: str
+    _buckets: tuple[int, ...] | None
+    _min_nnz: int
+    _carry: _Rows | None
+
+    def _emit(self, rows_iter: Iterator[_Rows]) -> Iterator[Batch]:
+        m = self.batch_size
+        pending = self._carry
+        self._carry = None
+        for block in rows_iter:
+            pending = block if pending is None else _Rows.concat(pending, block)
+            full = pending.n // m
+            for i in range(full):
+                yield self._batch(pending.slice(i * m, (i + 1) * m))
+            pending = pending.slice(full * m, pending.n)
+        if pending is not None and pending.n:
+            if self.last_batch == "pad":
+                yield self._batch(pending)
+            elif self.last_batch == "roll_over":
+                self._carry = pending
+
+    def _batch(self, rows: _Rows) -> Batch:
+        return _to_batch(rows, self.batch_size, self.num_features, self._buckets, self._min_nnz)
+
+
+class CSRIter(_Batcher):
+    """Fixed-shape mini-batches over an in-memory CSR matrix (MXNet's NDArrayIter).
+
+    Each epoch (each ``iter()``) yields :class:`Batch` es of ``batch_size``
+    rows; a batch's entry capacity is a bucket (:func:`nnz_bucket`), so a
+    jitted step compiles at most once per bucket.
+
+    Args:
+      csr: a :class:`~jaxsparse_rows.CSR` ``[N, K]`` (or anything
+        :func:`jsr.csr_matrix <jaxsparse_rows.csr_matrix>` accepts).
+      labels: ``[N, ...]`` labels.
+      batch_size: rows per batch ``M``.
+      shuffle: visit rows in a new random order every epoch.
+      seed: seed of the shuffling (epoch ``e`` uses ``(seed, e)``).
+      last_batch: what to do with the last ``N % M`` rows of an epoch:
+        ``"pad"`` (default) yields a batch padded with empty rows and zero
+        labels (``num_rows`` tells how many are real); ``"discard"`` drops
+        them; ``"roll_over"`` keeps them for the start of the next epoch.
+      nnz_buckets: allowed entry capacities; default: powers of two.
+      min_nnz: smallest default bucket (default 16).
+
+    Example:
+      >>> import jaxsparse_rows as jsr, numpy as np
+      >>> x = jsr.csr_matrix(np.eye(5, 3, dtype=np.float32))
+      >>> batches = list(jsr.io.CSRIter(x, np.arange(5.), batch_size=2))
+      >>> len(batches), batches[-1].num_rows, batches[-1].mask, batches[-1].x.nse
+      (3, Array(1, dtype=int32), Array([ True, False], dtype=bool), 16)
+    """
+
+    def __init__(
+        self,
+        csr: Any,
+        labels: Any,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        last_batch: str = "pad",
+        nnz_buckets: Sequence[int] | None = None,
+        min_nnz: int = 16,
+    ):
+        from .._csr import csr_matrix
+
+        self.batch_size = _check_common(batch_size, last_batch)
+        self.last_batch = last_batch
+        csr = csr_matrix(csr)
+        indptr = np.asarray(csr.indptr).astype(np.int64)
+        nnz = int(indptr[-1])
+        y = np.asarray(labels)
+        y = y.astype(jax.dtypes.canonicalize_dtype(y.dtype))
+        if y.ndim == 0 or y.shape[0] != csr.shape[0]:
+            raise ValueError(
+                f"`labels` must have a leading dimension of {csr.shape[0]} (the rows of `csr`), "
+                f"got shape {y.shape}."
+            )
+        self._rows = _Rows(np.asarray(csr.data)[:nnz], np.asarray(csr.indices)[:nnz], indptr, y)
+        self.num_features = csr.shape[1]
+        self.shuffle, self.seed, self.epoch = bool(shuffle), seed, 0
+        self._buckets = _check_buckets(nnz_buckets)
+        self._min_nnz = check_static_int(min_nnz, "min_nnz", minimum=1)
+        self._carry = None
+
+    def __len__(self) -> int:
+        """Batches per epoch (without a rolled-over remainder)."""
+        n, m = self._rows.n, self.batch_size
+        return n // m + (1 if self.last_batch == "pad" and n % m else 0)
+
+    def __iter__(self) -> Iterator[Batch]:
+        n = self._rows.n
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+            block = self._rows.take(order)
+        else:
+            block = self._rows
+        self.epoch += 1
+        return self._emit(iter([block]))
+
+
+class LibSVMIter(_Batcher):
+    """Streams a LibSVM file in chunks and yields fixed-shape batches.
+
+    The file is read ``chunk_bytes`` at a time (cut at a line end) and parsed
+    with the vectorised parser of :func:`load_libsvm`, so a file larger than
+    memory can be trained on; each ``iter()`` is one pass (epoch). Batches
+    are as in :class:`CSRIter`.
+
+    Args:
+      path: the LibSVM file.
+      batch_size: rows per batch.
+      num_features: the column count ``K`` (needed up front when streaming);
+        an id beyond it raises ``ValueError`` naming the line.
+      zero_based: whether ids count from 0 (default ``False``: the LibSVM
+        convention, ids from 1). ``"auto"`` is not available when streaming.
+      dtype: dtype of the data and the labels.
+      last_batch: ``"pad"`` (default), ``"discard"`` or ``"roll_over"``.
+      nnz_buckets, min_nnz: as in :class:`CSRIter`.
+      chunk_bytes: bytes read per chunk (default 16 MiB).
+
+    Example:
+      >>> import pathlib, tempfile, jaxsparse_rows as jsr
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "toy.svm"
+      >>> _ = path.write_text("1 1:2\\n0 3:1 2:4\\n1\\n")
+      >>> it = jsr.io.LibSVMIter(path, batch_size=2, num_features=3)
+      >>> [(b.x.asnumpy().tolist(), int(b.num_rows)) for b in it]
+      [([[2.0, 0.0, 0.0], [0.0, 4.0, 1.0]], 2), ([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], 1)]
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        batch_size: int,
+        num_features: int,
+        zero_based: bool = False,
+        dtype: Any = jnp.float32,
+        last_batch: str = "pad",
+        nnz_buckets: Sequence[int] | None = None,
+        min_nnz: int = 16,
+        chunk_bytes: int = 16 << 20,
+    ):
+        self.batch_size = _check_common(batch_size, last_batch)
+        self.last_batch = last_batch
+        if zero_based not in (True, False):
+            raise ValueError(
+                f"`zero_based` must be True or False for a streamed file, got {zero_based!r} "
+                '("auto" needs the whole file; use `jsr.io.load_libsvm` + `CSRIter` for it).'
+            )
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"`path` {os.fspath(path)!r} does not exist.")
+        self.path, self.zero_based = path, bool(zero_based)
+        self.num_features = check_static_int(num_features, "num_features")
+        self.dtype = np.dtype(dtype)
+        self.chunk_bytes = check_static_int(chunk_bytes, "chunk_bytes", minimum=1)
+        self._buckets = _check_buckets(nnz_buckets)
+        self._min_nnz = check_static_int(min_nnz, "min_nnz", minimum=1)
+        self._carry = None
+
+    def _blocks(self) -> Iterator[_Rows]:
+        line = 1
+        tail = b""
+        with open(self.path, "rb") as f:
+            while True:
+                chunk = f.read(self.chunk_bytes)
+                text = tail + chunk
+                if not chunk:
+                    tail = b""
+                else:
+                    cut = text.rfind(b"\n") + 1
+                    if cut == 0:  # a line longer than the chunk: keep reading
+                        tail = text
+                        continue
+                    text, tail = text[:cut], text[cut:]
+                if text:
+                    yield self._parse(text, line)
+                    line += text.count(b"\n")
+                if not chunk:
+                    return
+
+    def _parse(self, text: bytes, line: int) -> _Rows:
+        parsed: Parsed = parse_libsvm_bytes(text, self.path, first_line=line)
+        cols = shift_ids(parsed, self.zero_based, self.path)
+        check_num_features(parsed, cols, self.num_features, self.path, 0 if self.zero_based else 1)
+        return _Rows(
+            parsed.values.astype(self.dtype),
+            cols.astype(index_dtype()),
+            parsed.indptr,
+            parsed.labels.astype(self.dtype),
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._emit(self._blocks())
+
+
+def stack_batches(batches: Sequence[Batch]) -> Batch:
+    """Stacks batches along a new leading axis, for ``jax.lax.scan``.
+
+    Every batch is padded to the largest entry capacity among them. The result
+    is a pytree of arrays with a leading ``[T]`` axis (its ``x`` is not a valid
+    CSR by itself); ``lax.scan`` hands the step one ordinary :class:`Batch`
+    per iteration.
+
+    Example:
+      >>> import jax, jaxsparse_rows as jsr, numpy as np
+      >>> x = jsr.csr_matrix(np.eye(4, 3, dtype=np.float32))
+      >>> stacked = jsr.io.stack_batches(list(jsr.io.CSRIter(x, np.ones(4), 2)))
+      >>> stacked.x.data.shape, stacked.num_rows
+      ((2, 16), Array([2, 2], dtype=int32))
+      >>> def step(carry, b):
+      ...     return carry + jax.numpy.sum(b.x.todense()), None
+      >>> jax.lax.scan(step, 0.0, stacked)[0]
+      Array(3., dtype=float32)
+    """
+    if not batches:
+        raise ValueError("`batches` is empty: nothing to stack.")
+    cap = max(b.x.nse for b in batches)
+    datas, cols = [], []
+    for b in batches:
+        pad = cap - b.x.nse
+        datas.append(jnp.pad(b.x.data, (0, pad)))
+        cols.append(jnp.pad(b.x.indices, (0, pad), constant_values=b.x.shape[1]))
+    x = CSR._make(
+        jnp.stack(datas),
+        jnp.stack(cols),
+        jnp.stack([b.x.indptr for b in batches]),
+        batches[0].x.shape,
+    )
+    return Batch(x, jnp.stack([b.y for b in batches]), jnp.stack([b.num_rows for b in batches]))

@@ -1,0 +1,338 @@
+"""LibSVM text format: a vectorised parser (numpy over the whole byte buffer)
+and a writer.
+
+A LibSVM line is ``label id:value id:value ...``; ``#`` starts a comment,
+blank lines are skipped. Parsing never loops over tokens in Python: token
+boundaries, line numbers and the ``id:value`` structure come from numpy
+operations on the bytes, and every number is converted by one
+``numpy.fromstring`` call. Python only looks at single tokens to word an
+error message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._csr import CSR
+from .._util import index_dtype
+
+PathLike = str | os.PathLike
+
+_NEWLINE, _HASH, _COLON = 10, 35, 58
+# Bytes that may appear inside a token: digits, sign, dot, exponent, ':' and the
+# letters of nan / inf / infinity.
+_ALLOWED_BYTES = bytes(range(33)) + b"0123456789+-.eE:nNaAiIfFtTyY"
+# bytes.translate table: separators and ':' become ' ', so that every number is
+# a whitespace-separated field for numpy.fromstring.
+_TO_FIELDS = bytes(32 if (b <= 32 or b == _COLON) else b for b in range(256))
+
+
+class Parsed(NamedTuple):
+    """Host-side result of parsing a block of LibSVM text (file ids as written)."""
+
+    labels: np.ndarray  # [R] float64
+    indptr: np.ndarray  # [R + 1] int64
+    ids: np.ndarray  # [nnz] int64, sorted within each row
+    values: np.ndarray  # [nnz] float64
+    row_lines: np.ndarray  # [R] 1-based line number of each row
+
+
+def _error(path: Any, line: int, token: bytes, what: str) -> ValueError:
+    text = token.decode("utf-8", "replace")
+    return ValueError(
+        f"{os.fspath(path) if path is not None else '<bytes>'}, line {line}: {what}, got "
+        f"token {text!r}. A LibSVM line is `label id:value id:value ...`."
+    )
+
+
+def _blank_comments(buf: np.ndarray, nl_pos: np.ndarray) -> np.ndarray:
+    """A copy of ``buf`` with every ``#``-to-end-of-line run replaced by spaces."""
+    hashes = np.flatnonzero(buf == _HASH)
+    if hashes.size == 0:
+        return buf
+    line = np.searchsorted(nl_pos, hashes)
+    first = np.concatenate([[True], line[1:] != line[:-1]])
+    hashes, line = hashes[first], line[first]
+    ends = np.append(nl_pos, buf.size)[line]
+    delta = np.zeros(buf.size + 1, np.int8)
+    delta[hashes] = 1
+    delta[ends] -= 1
+    out = buf.copy()
+    out[np.cumsum(delta[:-1], dtype=np.int8).view(bool)] = 32
+    return out
+
+
+def _first_bad_number(raw: bytes, starts, ends, order) -> int | None:
+    """Slow path for the error message only: the first token whose fields fail ``float``."""
+    for t in order:
+        for part in raw[starts[t] : ends[t]].split(b":"):
+            try:
+                float(part)
+            except ValueError:
+                return int(t)
+    return None
+
+
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+
+
+def _id_positions(fstart: np.ndarray, colons: np.ndarray) -> np.ndarray:
+    """Byte positions of every feature-id character (``fstart[i]:colons[i]``)."""
+    lens = colons - fstart
+    offsets = np.cumsum(lens) - lens
+    return np.repeat(fstart - offsets, lens) + np.arange(int(lens.sum()))
+
+
+def _parse_ids(buf: np.ndarray, fstart: np.ndarray, colons: np.ndarray, fail):
+    """Vectorised decimal parse of the feature ids (the bytes before each colon).
+
+    Returns ``(ids, positions)``: the ids and the byte positions they occupy.
+    """
+    lens = colons - fstart
+    if fstart.size == 0:
+        return np.zeros((0,), np.int64), np.zeros((0,), np.int64)
+    if lens.max() > 18:
+        raise fail(int(np.argmax(lens > 18)), "feature id has more than 18 digits")
+    pos = _id_positions(fstart, colons)
+    digits = buf[pos] - np.uint8(48)
+    if np.any(digits > 9):
+        first = int(np.searchsorted(np.cumsum(lens), np.argmax(digits > 9), side="right"))
+        raise fail(first, "feature ids must be integers >= 0 written with digits only")
+    place = np.repeat(colons, lens) - 1 - pos
+    return np.add.reduceat(digits * _POW10[place], np.cumsum(lens) - lens), pos
+
+
+def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Parsed:
+    """Parses LibSVM text held in memory.
+
+    Args:
+      raw: the bytes of whole lines.
+      path: named in error messages.
+      first_line: line number of the first line of ``raw`` (for streaming).
+
+    Returns:
+      A :class:`Parsed` with file feature ids (not shifted) sorted within rows.
+
+    Raises:
+      ValueError: naming the file, the line number and the bad token.
+    """
+    orig = np.frombuffer(raw, np.uint8)
+    nl_pos = np.flatnonzero(orig == _NEWLINE)
+    buf = _blank_comments(orig, nl_pos)
+    nonsep = buf > 32
+    edges = np.flatnonzero(nonsep[1:] != nonsep[:-1]) + 1
+    if buf.size and nonsep[0]:
+        edges = np.concatenate([[0], edges])
+    if buf.size and nonsep[-1]:
+        edges = np.append(edges, buf.size)
+    starts, ends = edges[0::2], edges[1::2]
+    tok_line = np.searchsorted(nl_pos, starts)  # 0-based line of every token
+    is_label = np.ones(starts.size, bool)
+    is_label[1:] = tok_line[1:] != tok_line[:-1]
+
+    def fail(t: int, what: str) -> ValueError:
+        return _error(path, first_line + int(tok_line[t]), raw[starts[t] : ends[t]], what)
+
+    text = raw if buf is orig else buf.tobytes()
+    residue = text.translate(None, _ALLOWED_BYTES)
+    if residue:
+        pos = text.find(residue[:1])
+        t = int(np.searchsorted(starts, pos, side="right") - 1)
+        raise fail(t, f"unexpected character {chr(residue[0])!r}")
+    is_colon = buf == _COLON
+    colons = np.flatnonzero(is_colon)
+    if starts.size:
+        n_colon = np.add.reduceat(is_colon, starts, dtype=np.int64)
+    else:
+        n_colon = np.zeros((0,), np.int64)
+    edge_colon = (buf[starts] == _COLON) | (buf[ends - 1] == _COLON)
+    bad = (is_label & (n_colon != 0)) | (~is_label & (n_colon != 1))
+    bad |= edge_colon
+    if np.any(bad):
+        t = int(np.flatnonzero(bad)[0])
+        if is_label[t]:
+            raise fail(t, "expected a label (a number) as the first token of the line")
+        raise fail(t, "expected a feature as `id:value`")
+
+    feat_tok = np.flatnonzero(~is_label)
+    ids, id_pos = _parse_ids(buf, starts[feat_tok], colons, lambda i, w: fail(int(feat_tok[i]), w))
+    # Every remaining field (labels and values) is a float: one numpy.fromstring.
+    fields = buf.copy() if buf is orig else buf
+    fields[id_pos] = 32
+    nums: np.ndarray | None = np.zeros((0,), np.float64)
+    if starts.size:  # (numpy reads whitespace-only text as [-1.])
+        try:
+            nums = np.fromstring(fields.tobytes().translate(_TO_FIELDS), np.float64, sep=" ")
+        except ValueError:
+            nums = None
+    if nums is None or nums.size != starts.size:
+        t = _first_bad_number(raw, starts, ends, range(starts.size))
+        if t is None:  # pragma: no cover - fromstring and float disagree
+            raise ValueError(f"{path}: could not parse the LibSVM data.")
+        raise fail(t, "not a number")
+    labels, values = nums[is_label], nums[~is_label]
+    rows = np.cumsum(is_label) - 1
+    feat_row = rows[~is_label]
+    n_rows = int(is_label.sum())
+    indptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(feat_row, minlength=n_rows), out=indptr[1:])
+    same_row = feat_row[1:] == feat_row[:-1]
+    if np.any(same_row & (ids[1:] <= ids[:-1])):
+        order = np.lexsort((ids, feat_row))
+        ids, values, feat_tok = ids[order], values[order], feat_tok[order]
+        dup = np.flatnonzero(same_row & (ids[1:] == ids[:-1]))
+        if dup.size:
+            raise fail(
+                int(feat_tok[dup[0] + 1]),
+                f"feature id {int(ids[dup[0]])} appears twice on the line; merge the "
+                "duplicates (e.g. sum their values) before loading",
+            )
+    row_lines = first_line + tok_line[is_label]
+    return Parsed(labels, indptr, ids, values, row_lines)
+
+
+def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
+    """File ids -> 0-based column ids; one-based files must not use id 0."""
+    if zero_based:
+        return parsed.ids
+    if parsed.ids.size and parsed.ids.min() == 0:
+        pos = int(np.flatnonzero(parsed.ids == 0)[0])
+        row = int(np.searchsorted(parsed.indptr, pos, side="right") - 1)
+        raise ValueError(
+            f"{path}, line {int(parsed.row_lines[row])}: feature id 0 in a one-based file "
+            '(`zero_based=False`). Pass `zero_based=True` (or "auto") if the file counts '
+            "features from 0."
+        )
+    return parsed.ids - 1
+
+
+def check_num_features(parsed: Parsed, cols: np.ndarray, num_features: int, path: Any, base: int):
+    """Raises if a column id is ``>= num_features`` (naming the line)."""
+    if cols.size and cols.max() >= num_features:
+        pos = int(np.argmax(cols >= num_features))
+        row = int(np.searchsorted(parsed.indptr, pos, side="right") - 1)
+        raise ValueError(
+            f"{path}, line {int(parsed.row_lines[row])}: feature id {int(cols[pos]) + base} "
+            f"is out of range for `num_features` = {num_features} (ids counted from {base}). "
+            "Pass a larger `num_features`, or None to infer it."
+        )
+
+
+def load_libsvm(
+    path: PathLike,
+    num_features: int | None = None,
+    zero_based: bool | str = "auto",
+    dtype: Any = jnp.float32,
+) -> tuple[CSR, jax.Array]:
+    """Reads a LibSVM / svmlight text file into a CSR matrix and a label vector.
+
+    Comments (``#`` to end of line), blank lines, any whitespace and unsorted
+    feature ids within a line are accepted; ids are sorted per row. A
+    malformed line raises ``ValueError`` naming the file, the line number and
+    the bad token. Parsing is vectorised (numpy over the whole file).
+
+    Args:
+      path: the file.
+      num_features: the column count ``K``; default: largest id + 1.
+      zero_based: whether ids count from 0. ``"auto"`` (default): zero-based
+        when some id is 0, else one-based (the LibSVM convention).
+      dtype: dtype of the CSR data and of the labels.
+
+    Returns:
+      ``(x, y)``: a :class:`~jaxsparse_rows.CSR` of shape ``(rows, K)`` with no
+      padding, and the ``[rows]`` labels.
+
+    Example:
+      >>> import pathlib, tempfile, jaxsparse_rows as jsr
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "toy.svm"
+      >>> _ = path.write_text("1 3:0.5 1:2  # a comment\\n\\n-1 2:1.5\\n")
+      >>> x, y = jsr.io.load_libsvm(path)
+      >>> x, y
+      (CSR(float32[2, 3], nnz=3), Array([ 1., -1.], dtype=float32))
+      >>> x.asnumpy()
+      array([[2. , 0. , 0.5],
+             [0. , 1.5, 0. ]], dtype=float32)
+    """
+    if zero_based not in (True, False, "auto"):
+        raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
+    with open(path, "rb") as f:
+        raw = f.read()
+    parsed = parse_libsvm_bytes(raw, path)
+    if zero_based == "auto":
+        zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
+    cols = shift_ids(parsed, bool(zero_based), path)
+    base = 0 if zero_based else 1
+    if num_features is None:
+        num_features = int(cols.max()) + 1 if cols.size else 0
+    else:
+        num_features = int(num_features)
+        check_num_features(parsed, cols, num_features, path, base)
+    if num_features >= np.iinfo(index_dtype()).max:
+        raise ValueError(
+            f"`num_features` = {num_features} does not fit the index dtype {index_dtype()}; "
+            "enable 64-bit indices with `jax.config.update('jax_enable_x64', True)`."
+        )
+    idt = index_dtype()
+    shape = (parsed.labels.size, num_features)
+    x = CSR._make(
+        jnp.asarray(parsed.values, dtype),
+        jnp.asarray(cols.astype(idt)),
+        jnp.asarray(parsed.indptr.astype(idt)),
+        shape,
+    )
+    return x, jnp.asarray(parsed.labels, dtype)
+
+
+def _fmt(dtype: np.dtype) -> str:
+    return "%.17g" if np.dtype(dtype).itemsize >= 8 else "%.9g"
+
+
+def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False) -> None:
+    """Writes a CSR matrix and labels as a LibSVM text file.
+
+    Every stored entry is written (explicit zeros too), with enough digits to
+    read back the same float32 / float64 values.
+
+    Args:
+      path: the file to write.
+      csr: a :class:`~jaxsparse_rows.CSR` ``[rows, K]``.
+      labels: ``[rows]`` numbers.
+      zero_based: write ids counting from 0; default ``False`` (the LibSVM
+        convention, ids from 1), which :func:`load_libsvm`'s ``"auto"`` reads
+        back correctly. Pass ``num_features`` when loading if the last columns
+        are empty.
+
+    Example:
+      >>> import pathlib, tempfile, jaxsparse_rows as jsr
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "out.svm"
+      >>> x = jsr.csr_matrix(([2., 0.5, 1.5], [0, 2, 1], [0, 2, 3]), shape=(2, 3))
+      >>> jsr.io.save_libsvm(path, x, [1, -1])
+      >>> print(path.read_text(), end="")
+      1 1:2 3:0.5
+      -1 2:1.5
+    """
+    if not isinstance(csr, CSR):
+        raise TypeError(f"`csr` must be a jsr.CSR, got {type(csr).__name__}.")
+    labels = np.asarray(labels)
+    m = csr.shape[0]
+    if labels.shape != (m,):
+        raise ValueError(f"`labels` must have shape ({m},) to match `csr`, got {labels.shape}.")
+    indptr = np.asarray(csr.indptr).astype(np.int64)
+    nnz = int(indptr[-1])
+    data = np.asarray(csr.data)[:nnz]
+    cols = np.asarray(csr.indices)[:nnz].astype(np.int64) + (0 if zero_based else 1)
+    vfmt = _fmt(data.dtype)
+    lfmt = "%d" if np.issubdtype(labels.dtype, np.integer) else _fmt(labels.dtype)
+    vals = data.astype(np.float64).tolist()
+    feats = [f"{c}:{vfmt % v}" for c, v in zip(cols.tolist(), vals, strict=True)]
+    lines = []
+    ptr = indptr.tolist()
+    for r, lab in enumerate(labels.tolist()):
+        lines.append(" ".join([lfmt % lab, *feats[ptr[r] : ptr[r + 1]]]))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + ("\n" if lines else ""))

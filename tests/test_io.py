@@ -1,0 +1,361 @@
+"""jsr.io: LibSVM reading/writing against a plain-Python oracle, and the
+fixed-shape batch iterators (shapes, buckets, last-batch policies, streaming,
+compile counts)."""
+
+from __future__ import annotations
+
+import re
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows.io import Batch, CSRIter, LibSVMIter, nnz_bucket, stack_batches
+
+
+# -- a deliberately naive oracle parser ---------------------------------------
+def oracle_parse(text: str, one_based: bool, num_features: int):
+    rows, labels = [], []
+    for line in text.split("\n"):
+        line = line.split("#", 1)[0].split()
+        if not line:
+            continue
+        labels.append(float(line[0]))
+        row = {}
+        for tok in line[1:]:
+            i, v = tok.split(":")
+            row[int(i) - one_based] = float(v)
+        rows.append(row)
+    dense = np.zeros((len(rows), num_features))
+    for r, row in enumerate(rows):
+        for c, v in row.items():
+            dense[r, c] = v
+    return dense, np.array(labels)
+
+
+def random_csr_np(rng, m, k, density, dtype=np.float32):
+    dense = rng.standard_normal((m, k)).astype(dtype)
+    dense[rng.random((m, k)) > density] = 0
+    return dense
+
+
+def dense_np(x: jsr.CSR) -> np.ndarray:
+    """Host-side densify (avoids compiling a scatter for every shape)."""
+    ptr = np.asarray(x.indptr)
+    rows = np.repeat(np.arange(x.shape[0]), np.diff(ptr))
+    out = np.zeros(x.shape, np.float64)
+    out[rows, np.asarray(x.indices)[: ptr[-1]]] = np.asarray(x.data)[: ptr[-1]].astype(np.float64)
+    return out
+
+
+def assert_canonical(x: jsr.CSR):
+    """Re-validates with the strict constructor (sorted ids, padding rules)."""
+    jsr.CSR(x.data, x.indices, x.indptr, x.shape)
+
+
+# -- LibSVM ---------------------------------------------------------------------
+line_strategy = st.lists(
+    st.tuples(
+        st.integers(-3, 3),
+        st.dictionaries(st.integers(1, 12), st.integers(-99, 99).map(lambda v: v / 4), max_size=6),
+        st.sampled_from(["", "  ", "\t", " # note: 1:2"]),
+        st.booleans(),
+    ),
+    max_size=8,
+)
+
+
+@given(line_strategy, st.randoms(use_true_random=False))
+def test_load_matches_oracle(tmp_path_factory, lines, rnd):
+    parts = []
+    for label, feats, trail, blank_after in lines:
+        items = list(feats.items())
+        rnd.shuffle(items)  # unsorted ids within a line
+        seps = [rnd.choice([" ", "  ", "\t"]) for _ in items]
+        body = "".join(f"{s}{i}:{v}" for s, (i, v) in zip(seps, items, strict=True))
+        parts.append(f"{label}{body}{trail}")
+        if blank_after:
+            parts.append(rnd.choice(["", "   ", "# a comment line"]))
+    text = "\r\n".join(parts) if rnd.random() < 0.3 else "\n".join(parts)
+    path = tmp_path_factory.mktemp("svm") / "data.svm"
+    path.write_text(text)
+    x, y = jsr.io.load_libsvm(path, num_features=12, zero_based=False)
+    dense, labels = oracle_parse(text.replace("\r", ""), True, 12)
+    assert x.shape == dense.shape
+    np.testing.assert_array_equal(dense_np(x), dense.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(y), labels.astype(np.float32))
+    assert_canonical(x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("zero_based", [False, True])
+def test_save_load_roundtrip(tmp_path, rng, dtype, zero_based):
+    dense = random_csr_np(rng, 13, 9, 0.3)
+    dense[:, -1] = 0  # an empty last column: num_features must be passed
+    dense[4] = 0  # an empty row
+    x = jsr.csr_matrix(dense).astype(dtype)
+    labels = rng.integers(0, 3, 13)
+    path = tmp_path / "rt.svm"
+    jsr.io.save_libsvm(path, x, labels, zero_based=zero_based)
+    x2, y2 = jsr.io.load_libsvm(path, num_features=9, zero_based="auto", dtype=dtype)
+    assert x2.dtype == dtype and y2.dtype == dtype
+    np.testing.assert_array_equal(dense_np(x2), dense_np(x))
+    np.testing.assert_array_equal(np.asarray(y2), labels.astype(np.float32))
+    assert_canonical(x2)
+
+
+def test_roundtrip_float32_exact_and_inferred_features(tmp_path, rng):
+    x = jsr.random.csr(jax.random.key(1), (50, 30), 0.2, minval=-1e3, maxval=1e3)
+    path = tmp_path / "f32.svm"
+    jsr.io.save_libsvm(path, x, np.linspace(-1, 1, 50, dtype=np.float32))
+    x2, y2 = jsr.io.load_libsvm(path)
+    n_feat = int(np.asarray(x.indices).max()) + 1
+    assert x2.shape == (50, n_feat)
+    np.testing.assert_array_equal(dense_np(x2), dense_np(x)[:, :n_feat])
+    np.testing.assert_array_equal(np.asarray(y2), np.linspace(-1, 1, 50, dtype=np.float32))
+
+
+def test_zero_based_modes(tmp_path):
+    path = tmp_path / "z.svm"
+    path.write_text("1 0:1 2:3\n0 1:2\n")
+    x, _ = jsr.io.load_libsvm(path)  # auto: a 0 id means zero-based
+    np.testing.assert_array_equal(dense_np(x), [[1, 0, 3], [0, 2, 0]])
+    x, _ = jsr.io.load_libsvm(path, zero_based=True, num_features=5)
+    assert x.shape == (2, 5)
+    with pytest.raises(ValueError, match=r"z\.svm, line 1: feature id 0 in a one-based"):
+        jsr.io.load_libsvm(path, zero_based=False)
+    path.write_text("1 1:1 3:3\n")
+    x, _ = jsr.io.load_libsvm(path)  # auto without a 0 id: one-based
+    np.testing.assert_array_equal(dense_np(x), [[1, 0, 3]])
+    with pytest.raises(ValueError, match="zero_based"):
+        jsr.io.load_libsvm(path, zero_based="yes")
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.svm"
+    path.write_text("\n  \n# nothing\n")
+    x, y = jsr.io.load_libsvm(path, num_features=4)
+    assert x.shape == (0, 4) and y.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "text, line, token",
+    [
+        ("1 2:3\n1 2:3 x:4\n", 2, "x:4"),
+        ("1 2:3\n\n1 :3\n", 3, ":3"),
+        ("1 2:3:4\n", 1, "2:3:4"),
+        ("1:2 3:4\n", 1, "1:2"),
+        ("1 2:3 2:5\n", 1, "2:5"),
+        ("1 2.5:1\n", 1, "2.5:1"),
+        ("1 -2:1\n", 1, "-2:1"),
+        ("# c\n1 2:1e\n", 2, "2:1e"),
+        ("1 2:--1\n", 1, "2:--1"),
+        ("1,2 3:4\n", 1, "1,2"),
+        ("1 2: 3\n", 1, "2:"),
+        ("1 2 3:1\n", 1, "2"),
+        ("1 2:1\nabc 1:1\n", 2, "abc"),
+    ],
+)
+def test_malformed_line_names_file_line_token(tmp_path, text, line, token):
+    path = tmp_path / "bad.svm"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        jsr.io.load_libsvm(path)
+    msg = str(err.value)
+    assert "bad.svm" in msg and f"line {line}:" in msg and repr(token) in msg, msg
+
+
+def test_num_features_too_small(tmp_path):
+    path = tmp_path / "nf.svm"
+    path.write_text("1 1:1\n1 7:1\n")
+    with pytest.raises(ValueError, match=r"line 2: feature id 7 is out of range"):
+        jsr.io.load_libsvm(path, num_features=5)
+
+
+def test_save_errors(tmp_path):
+    x = jsr.csr_matrix(np.eye(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="labels"):
+        jsr.io.save_libsvm(tmp_path / "a", x, [1, 2])
+    with pytest.raises(TypeError, match="csr"):
+        jsr.io.save_libsvm(tmp_path / "a", np.eye(3), [1, 2, 3])
+
+
+# -- buckets and batches ---------------------------------------------------------
+def test_nnz_bucket():
+    assert [nnz_bucket(n) for n in (0, 1, 16, 17, 1000)] == [16, 16, 16, 32, 1024]
+    assert nnz_bucket(5, minimum=1) == 8
+    assert nnz_bucket(50, buckets=(64, 256)) == 64
+    assert nnz_bucket(300, buckets=(64, 256)) == 512  # never loses entries
+
+
+def batches_to_dense(batches, k):
+    xs, ys = [], []
+    for b in batches:
+        n = int(b.num_rows)
+        xs.append(dense_np(b.x)[:n])
+        ys.append(np.asarray(b.y)[:n])
+        # padded rows are empty and carry zero labels
+        assert not dense_np(b.x)[n:].any() and not np.asarray(b.y)[n:].any()
+    return np.concatenate(xs) if xs else np.zeros((0, k)), np.concatenate(ys) if ys else None
+
+
+def check_batch(b: Batch, m: int, k: int, buckets=None):
+    assert b.x.shape == (m, k)
+    nnz = int(b.x.nnz)
+    assert b.x.nse == nnz_bucket(nnz, buckets)
+    assert_canonical(b.x)
+    assert b.num_rows.dtype == jnp.int32 and b.y.shape[0] == m
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_csriter_pad_covers_everything(rng, m):
+    dense = random_csr_np(rng, 23, 11, 0.3)
+    labels = rng.standard_normal((23, 2)).astype(np.float32)  # n-d labels
+    it = CSRIter(jsr.csr_matrix(dense), labels, m, last_batch="pad")
+    batches = list(it)
+    assert len(batches) == len(it) == -(-23 // m)
+    for b in batches:
+        check_batch(b, m, 11)
+    got_x, got_y = batches_to_dense(batches, 11)
+    np.testing.assert_array_equal(got_x, dense)
+    np.testing.assert_array_equal(got_y, labels)
+    np.testing.assert_array_equal(batches[-1].mask, np.arange(m) < 23 - (len(batches) - 1) * m)
+
+
+def test_csriter_discard_and_roll_over(rng):
+    dense = random_csr_np(rng, 10, 5, 0.5)
+    labels = np.arange(10.0, dtype=np.float32)
+    x = jsr.csr_matrix(dense)
+    disc = list(CSRIter(x, labels, 4, last_batch="discard"))
+    assert len(disc) == 2 and all(int(b.num_rows) == 4 for b in disc)
+    np.testing.assert_array_equal(batches_to_dense(disc, 5)[0], dense[:8])
+    it = CSRIter(x, labels, 4, last_batch="roll_over")
+    ep1 = [np.asarray(b.y) for b in it]
+    ep2 = [np.asarray(b.y) for b in it]
+    np.testing.assert_array_equal(np.concatenate(ep1), labels[:8])
+    # rows 8, 9 roll over to the start of the next epoch
+    np.testing.assert_array_equal(np.concatenate(ep2), np.r_[8, 9, labels][:12])
+
+
+def test_csriter_shuffle_deterministic_and_complete(rng):
+    dense = random_csr_np(rng, 30, 6, 0.4)
+    labels = np.arange(30.0, dtype=np.float32)
+    x = jsr.csr_matrix(dense)
+    a, b = CSRIter(x, labels, 5, shuffle=True, seed=3), CSRIter(x, labels, 5, shuffle=True, seed=3)
+    ep_a1 = np.concatenate([np.asarray(t.y) for t in a])
+    ep_b1 = np.concatenate([np.asarray(t.y) for t in b])
+    ep_a2 = np.concatenate([np.asarray(t.y) for t in a])
+    np.testing.assert_array_equal(ep_a1, ep_b1)  # same seed, same order
+    assert not np.array_equal(ep_a1, labels) and not np.array_equal(ep_a1, ep_a2)
+    np.testing.assert_array_equal(np.sort(ep_a1), labels)
+    got_x = np.concatenate([dense_np(t.x) for t in CSRIter(x, labels, 5, shuffle=True, seed=3)])
+    np.testing.assert_array_equal(got_x, dense[ep_a1.astype(int)])
+
+
+def test_csriter_argument_errors(rng):
+    x = jsr.csr_matrix(np.eye(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="labels"):
+        CSRIter(x, np.zeros(3), 2)
+    with pytest.raises(ValueError, match="last_batch"):
+        CSRIter(x, np.zeros(4), 2, last_batch="wrap")
+    with pytest.raises(ValueError, match="batch_size"):
+        CSRIter(x, np.zeros(4), 0)
+    with pytest.raises(ValueError, match="nnz_buckets"):
+        CSRIter(x, np.zeros(4), 2, nnz_buckets=[])
+
+
+def test_user_buckets_and_overflow_moves_up(rng):
+    dense = np.zeros((6, 40), np.float32)
+    dense[0, :3] = 1
+    dense[2:4, :] = 2  # 80 entries in the second batch
+    batches = list(CSRIter(jsr.csr_matrix(dense), np.zeros(6), 2, nnz_buckets=[4, 8]))
+    assert [b.x.nse for b in batches] == [4, 128, 4]
+    for b in batches:
+        check_batch(b, 2, 40, buckets=(4, 8))
+    np.testing.assert_array_equal(batches_to_dense(batches, 40)[0], dense)
+
+
+def test_jitted_step_compiles_once_per_bucket(rng):
+    dense = random_csr_np(rng, 64, 50, 0.1)
+    dense[8:16] = rng.standard_normal((8, 50))  # one much denser batch
+    x = jsr.csr_matrix(dense)
+    w = jnp.ones((50,))
+
+    @jax.jit
+    def step(w, batch):
+        pred = jsr.dot(batch.x, w)
+        return jnp.sum(jnp.where(batch.mask, (pred - batch.y) ** 2, 0.0)) / batch.num_rows
+
+    seen = set()
+    total = 0.0
+    for epoch in range(2):
+        for batch in CSRIter(x, np.zeros(64, np.float32), 8, shuffle=True, seed=epoch):
+            seen.add(batch.x.nse)
+            total += float(step(w, batch))
+    assert len(seen) >= 2
+    assert step._cache_size() == len(seen)
+    np.testing.assert_allclose(total, 2 * np.sum((dense @ np.ones(50)) ** 2) / 8, rtol=1e-4)
+
+
+def test_stack_batches_scan(rng):
+    dense = random_csr_np(rng, 12, 7, 0.4)
+    dense[0] = 1.0  # first batch lands in a larger bucket than the others
+    labels = rng.standard_normal(12).astype(np.float32)
+    batches = list(CSRIter(jsr.csr_matrix(dense), labels, 3, min_nnz=1))
+    assert len({b.x.nse for b in batches}) > 1
+    stacked = stack_batches(batches)
+
+    def body(acc, b):
+        return acc + jsr.dot(b.x, jnp.arange(7.0)) * b.mask, None
+
+    out, _ = jax.lax.scan(body, jnp.zeros(3), stacked)
+    np.testing.assert_allclose(out, (dense @ np.arange(7.0)).reshape(4, 3).sum(0), rtol=1e-5)
+    with pytest.raises(ValueError, match="empty"):
+        stack_batches([])
+
+
+# -- streaming ----------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_bytes", [5, 64, 1 << 20])
+@pytest.mark.parametrize("last_batch", ["pad", "discard"])
+def test_libsvmiter_matches_in_memory(tmp_path, rng, chunk_bytes, last_batch):
+    dense = random_csr_np(rng, 37, 15, 0.3)
+    labels = rng.integers(-1, 2, 37)
+    path = tmp_path / "stream.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), labels)
+    it = LibSVMIter(path, 8, num_features=15, last_batch=last_batch, chunk_bytes=chunk_bytes)
+    for _epoch in range(2):  # re-iterable: one pass per epoch
+        batches = list(it)
+        ref = list(
+            CSRIter(jsr.csr_matrix(dense), labels.astype(np.float32), 8, last_batch=last_batch)
+        )
+        assert len(batches) == len(ref)
+        for b, r in zip(batches, ref, strict=True):
+            check_batch(b, 8, 15)
+            np.testing.assert_array_equal(dense_np(b.x), dense_np(r.x))
+            np.testing.assert_array_equal(b.y, r.y)
+            assert int(b.num_rows) == int(r.num_rows) and b.x.nse == r.x.nse
+
+
+def test_libsvmiter_roll_over(tmp_path):
+    path = tmp_path / "ro.svm"
+    path.write_text("".join(f"{i} 1:{i}\n" for i in range(5)))
+    it = LibSVMIter(path, 2, num_features=1, last_batch="roll_over", chunk_bytes=7)
+    assert [b.y.tolist() for b in it] == [[0, 1], [2, 3]]
+    assert [b.y.tolist() for b in it] == [[4, 0], [1, 2], [3, 4]]
+
+
+def test_libsvmiter_errors_name_the_right_line(tmp_path):
+    path = tmp_path / "err.svm"
+    path.write_text("".join(f"1 {i + 1}:1\n" for i in range(50)) + "1 3:1e\n")
+    with pytest.raises(ValueError, match=re.escape("err.svm, line 51: not a number")):
+        list(LibSVMIter(path, 4, num_features=60, chunk_bytes=32))
+    with pytest.raises(ValueError, match=r"line 7: feature id 7 is out of range"):
+        list(LibSVMIter(path, 4, num_features=6, chunk_bytes=32))
+    with pytest.raises(ValueError, match="auto"):
+        LibSVMIter(path, 4, num_features=6, zero_based="auto")
+    with pytest.raises(FileNotFoundError):
+        LibSVMIter(tmp_path / "missing.svm", 4, num_features=6)
