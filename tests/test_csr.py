@@ -1,0 +1,290 @@
+"""CSR: constructors, canonicalisation, fromdense (eager and under jit), row
+slicing, conversions and bad input, against a dense numpy oracle."""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+from jaxsparse_rows._util import index_dtype
+from tests import strategies as sst
+
+DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16]
+
+# (shape, density, extra padding slots)
+SHAPES = [((0, 3), 0.5, 0), ((3, 0), 0.5, 2), ((1, 1), 1.0, 0), ((4, 5), 0.0, 0),
+          ((4, 5), 0.4, 0), ((4, 5), 0.4, 3), ((6, 2), 1.0, 1)]
+
+
+def oracle(x: jsr.CSR) -> np.ndarray:
+    """Dense matrix from the children with numpy only (scipy-free)."""
+    data, cols, ptr = (np.asarray(a) for a in (x.data, x.indices, x.indptr))
+    out = np.zeros(x.shape, data.dtype)
+    for r in range(x.shape[0]):
+        for s in range(ptr[r], ptr[r + 1]):
+            out[r, cols[s]] += data[s]
+    return out
+
+
+def make(shape, density, pad, dtype=np.float32, seed=0):
+    base = jsrt.random_csr(np.random.default_rng(seed), shape, density=density, dtype=dtype)
+    if not pad:
+        return base
+    return jsrt.random_csr(np.random.default_rng(seed), shape, density=density,
+                           nse=base.nse + pad, dtype=dtype)
+
+
+@pytest.mark.parametrize("shape,density,pad", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_todense_attributes(shape, density, pad, dtype, jit_mode):
+    x = make(shape, density, pad, dtype)
+    dense, nnz = jit_mode(lambda x: (x.todense(), x.nnz))(x)
+    assert dense.dtype == dtype and dense.shape == shape
+    np.testing.assert_array_equal(np.asarray(dense), oracle(x))
+    n_stored = int(np.count_nonzero(oracle(x)))
+    assert int(nnz) == n_stored and x.nse == n_stored + pad
+    assert x.stype == "csr" and x.ndim == 2 and x.dtype == dtype and len(x) == shape[0]
+    assert x.indptr.dtype == x.indices.dtype == index_dtype()
+    rows = np.repeat(np.arange(shape[0]), np.diff(np.asarray(x.indptr)))
+    np.testing.assert_array_equal(
+        np.asarray(x.row_ids()), np.concatenate([rows, np.full(pad, shape[0])])
+    )
+    head = f"{jnp.dtype(dtype).name}[{shape[0]}, {shape[1]}]"
+    extra = f", nse={x.nse}" if pad else ""
+    assert repr(x) == f"CSR({head}, nnz={n_stored}{extra})"
+
+
+def test_float64_under_x64():
+    with jax.enable_x64(True):
+        x = jsr.csr_matrix(([1.5, 2.0], [1, 0], [0, 1, 2]), shape=(2, 2), dtype=np.float64)
+        assert x.dtype == np.float64 and x.indptr.dtype == np.int64
+        out = jax.jit(lambda x: (x * 2).todense())(x)
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(np.asarray(out), [[0, 3], [4, 0]])
+
+
+# -- constructors -----------------------------------------------------------------
+def test_csr_matrix_seed_example():
+    x = jsr.csr_matrix(([7, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    assert x.dtype == jnp.float32  # Python lists default to float32
+    np.testing.assert_array_equal(
+        x.asnumpy(), [[7, 0, 8, 0, 0], [0, 0, 0, 0, 0], [0, 9, 0, 0, 0]]
+    )
+
+
+def test_csr_matrix_other_inputs():
+    dense = np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    a = jsr.csr_matrix(dense)
+    assert a.dtype == jnp.float32 and a.indices.tolist() == [1, 0, 2]
+    b = jsr.csr_matrix([[0, 1], [0, 0]])
+    assert b.dtype == jnp.float32 and b.indptr.tolist() == [0, 1, 1]
+    assert jsr.csr_matrix(a) is a
+    assert jsr.csr_matrix(a, dtype=jnp.float16).dtype == jnp.float16
+    c = jsr.csr_matrix(([1, 2], [0, 1], [0, 1, 2]), shape=(2, 2), dtype=jnp.bfloat16)
+    assert c.dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="`shape` .* does not match"):
+        jsr.csr_matrix(a, shape=(3, 3))
+    with pytest.raises(ValueError, match="`shape` .* does not match"):
+        jsr.csr_matrix(dense, shape=(3, 3))
+
+
+@st.composite
+def unsorted_csr(draw):
+    m = draw(st.integers(0, 5))
+    k = draw(st.integers(1, 5))
+    counts = draw(st.lists(st.integers(0, 4), min_size=m, max_size=m))
+    nnz = sum(counts)
+    cols = draw(st.lists(st.integers(0, k - 1), min_size=nnz, max_size=nnz))
+    vals = draw(st.lists(st.integers(-4, 4), min_size=nnz, max_size=nnz))
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return np.asarray(vals, np.float32), np.asarray(cols, np.int64), indptr, (m, k)
+
+
+@settings(max_examples=20)
+@given(unsorted_csr())
+def test_csr_matrix_canonicalises(case):
+    vals, cols, indptr, shape = case
+    x = jsr.csr_matrix((vals, cols, indptr), shape=shape)
+    jsrt.assert_valid(x)
+    expected = np.zeros(shape, np.float32)
+    rows = np.repeat(np.arange(shape[0]), np.diff(indptr))
+    np.add.at(expected, (rows, cols), vals)
+    np.testing.assert_array_equal(oracle(x), expected)
+    assert x.nse == len(set(zip(rows.tolist(), cols.tolist(), strict=True)))
+
+
+def test_csr_matrix_drops_given_padding_and_sums_duplicates_in_half():
+    x = jsr.csr_matrix(
+        (np.array([1, 2, 3, 0], np.float16), [2, 0, 2, 4], [0, 3, 3]), shape=(2, 4)
+    )
+    assert x.dtype == jnp.float16 and x.nse == 2
+    assert x.data.tolist() == [2.0, 4.0] and x.indices.tolist() == [0, 2]
+
+
+def test_strict_constructor_accepts_padding():
+    x = jsr.CSR([1.0, 0.0], [1, 3], [0, 1, 1], shape=(2, 3))
+    assert repr(x) == "CSR(float32[2, 3], nnz=1, nse=2)"
+    np.testing.assert_array_equal(x.asnumpy(), [[0, 1, 0], [0, 0, 0]])
+
+
+BAD_STRICT = [
+    (([1.0], [0], [0, 1], (1, 2, 3)), ValueError, r"CSR `shape` must be 2-D \(M, K\)"),
+    (([[1.0]], [0], [0, 1], (1, 2)), ValueError, "must be 1-D, got shapes"),
+    (([1.0, 2.0], [0], [0, 1], (1, 2)), ValueError, "same length, got 2 and 1"),
+    (([1.0], [0], [0, 1, 1], (1, 2)), ValueError, r"`indptr` must have M \+ 1 = 2 entries"),
+    (([1.0], [0], [1, 1], (1, 2)), ValueError, r"`indptr\[0\]` must be 0, got 1"),
+    (([1.0, 1.0], [0, 1], [0, 2, 1], (2, 2)), ValueError, r"non-decreasing.*indptr\[1\] = 2"),
+    (([1.0], [0], [0, 2], (1, 2)), ValueError, r"`indptr\[-1\]` = 2 exceeds"),
+    (([1.0], [5], [0, 1], (1, 2)), ValueError, r"column ids\) must lie in \[0, 2\), got 5"),
+    (([1.0], [-1], [0, 1], (1, 2)), ValueError, r"must lie in \[0, 2\), got -1"),
+    (([1.0, 1.0], [1, 0], [0, 2], (1, 2)), ValueError, "sorted ascending.*row 0 has 1 then 0"),
+    (([1.0, 1.0], [1, 1], [0, 2], (1, 2)), ValueError, "without duplicates.*1 then 1"),
+    (([1.0, 0.0], [0, 1], [0, 1], (1, 2)), ValueError, "must carry column id 2"),
+    (([1.0, 5.0], [0, 2], [0, 1], (1, 2)), ValueError, "must hold zero `data`"),
+    (([1.0], [0.0], [0, 1], (1, 2)), TypeError, "`indices` must have an integer dtype"),
+    (([1.0], [0], [0.0, 1.0], (1, 2)), TypeError, "`indptr` must have an integer dtype"),
+]
+
+
+@pytest.mark.parametrize("args,exc,match", BAD_STRICT)
+def test_strict_constructor_rejects(args, exc, match):
+    with pytest.raises(exc, match=match):
+        jsr.CSR(*args)
+
+
+BAD_MATRIX = [
+    ((([1.0], [0]),), {"shape": (1, 2)}, ValueError, "triple, got a tuple of 2"),
+    ((([1.0], [0], [0, 1]),), {}, ValueError, "`shape` is required"),
+    ((([1.0], [3], [0, 1]),), {"shape": (1, 2)}, ValueError, r"lie in \[0, 2\), got 3"),
+    ((([1.0], [0], [0, 1]),), {"shape": (1, 2, 1)}, ValueError, "must be 2-D"),
+    ((([1.0, 1.0], [0, 1], [0, 2, 1]),), {"shape": (2, 2)}, ValueError, "non-decreasing"),
+    ((np.ones((2, 2, 2)),), {}, ValueError, r"needs a 2-D `x`, got shape \(2, 2, 2\)"),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", BAD_MATRIX)
+def test_csr_matrix_rejects(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        jsr.csr_matrix(*args, **kwargs)
+
+
+# -- fromdense ------------------------------------------------------------------
+DENSE = [np.zeros((0, 3)), np.zeros((3, 0)), np.zeros((2, 3)),
+         np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0], [0.0, 0.0, 0.0], [4.0, 0.0, 0.0]])]
+
+
+@pytest.mark.parametrize("dense", DENSE, ids=lambda d: str(d.shape))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fromdense_exact(dense, dtype):
+    x = jsr.CSR.fromdense(jnp.asarray(dense, dtype))
+    jsrt.assert_valid(x)
+    assert x.nse == np.count_nonzero(dense) and x.dtype == dtype
+    np.testing.assert_array_equal(oracle(x).astype(np.float64), dense)
+
+
+@pytest.mark.parametrize("dense", DENSE, ids=lambda d: str(d.shape))
+def test_fromdense_with_nse(dense, jit_mode):
+    nse = int(np.count_nonzero(dense)) + 2
+    x = jit_mode(lambda d: jsr.CSR.fromdense(d, nse=nse))(jnp.asarray(dense, jnp.float32))
+    jsrt.assert_valid(x)
+    assert x.nse == nse and int(x.nnz) == nse - 2
+    np.testing.assert_array_equal(oracle(x), dense)
+
+
+def test_fromdense_overflow_under_jit_counts_only_kept_entries():
+    dense = jnp.array([[1.0, 2.0], [0.0, 3.0], [4.0, 0.0]])
+    with pytest.raises(ValueError, match="4 non-zeros, more than `nse` = 2"):
+        jsr.CSR.fromdense(dense, nse=2)
+    f = jax.jit(lambda d: jsr.CSR.fromdense(d, nse=2))
+    x = f(dense)
+    # the first two entries (row-major) are kept and indptr agrees with them
+    assert x.indptr.tolist() == [0, 2, 2, 2]
+    jsrt.assert_valid(x)
+    np.testing.assert_array_equal(x.asnumpy(), [[1, 2], [0, 0], [0, 0]])
+    err, _ = checkify.checkify(f, errors=checkify.user_checks)(dense)
+    with pytest.raises(checkify.JaxRuntimeError, match="more non-zeros than `nse` = 2"):
+        err.throw()
+
+
+def test_fromdense_under_jit_needs_nse():
+    with pytest.raises(ValueError, match="needs a static `nse`"):
+        jax.jit(jsr.CSR.fromdense)(jnp.ones((2, 2)))
+    with pytest.raises(ValueError, match="needs a 2-D `x`"):
+        jsr.CSR.fromdense(jnp.ones(3))
+
+
+@settings(max_examples=15)
+@given(sst.csr())
+def test_fromdense_roundtrip_property(x):
+    y = jsr.CSR.fromdense(x.todense())
+    jsrt.assert_valid(y)
+    np.testing.assert_array_equal(oracle(y), oracle(x))
+
+
+# -- slicing ----------------------------------------------------------------------
+SLICES = [slice(0, 2), slice(1, 3), slice(2, 2), slice(None), slice(-2, None), slice(3, 1),
+          slice(0, 100), 1, -1]
+
+
+@pytest.mark.parametrize("key", SLICES, ids=str)
+@pytest.mark.parametrize("pad", [0, 2])
+def test_row_slicing(key, pad, jit_mode):
+    x = make((4, 5), 0.5, pad, seed=3)
+    y = jit_mode(lambda x: x[key])(x)
+    expected = oracle(x)[key]
+    expected = expected[None] if expected.ndim == 1 else expected
+    assert isinstance(y, jsr.CSR) and y.shape == expected.shape and y.nse == x.nse
+    jsrt.assert_valid(y)
+    np.testing.assert_array_equal(oracle(y), expected)
+
+
+def test_row_slicing_empty_and_errors():
+    z = jsr.zeros("csr", (3, 4))
+    assert z[1:3].shape == (2, 4) and z[1:3].nse == 0
+    x = jsr.csr_matrix(([7.0, 8.0, 9.0], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    with pytest.raises(ValueError, match="step 1, got 2"):
+        _ = x[::2]
+    with pytest.raises(IndexError, match="row index 3 is out of range for 3 rows"):
+        _ = x[3]
+    with pytest.raises(TypeError, match=r"row slices `x\[a:b\]` and ints"):
+        _ = x[0, 1]
+
+
+# -- conversions and copies ------------------------------------------------------
+def test_numpy_copy_astype_pickle():
+    x = make((4, 5), 0.4, 2, seed=5)
+    a = np.asarray(x)
+    assert a.flags.writeable
+    np.testing.assert_array_equal(a, oracle(x))
+    with pytest.raises(ValueError, match="cannot be viewed as a dense numpy array"):
+        np.asarray(x, copy=False)
+    y = x.copy()
+    assert y is not x and y.data is not x.data and y.indptr is not x.indptr
+    np.testing.assert_array_equal(oracle(y), oracle(x))
+    for dtype in DTYPES + [jnp.int32]:
+        z = x.astype(dtype)
+        assert z.dtype == dtype and z.nse == x.nse
+        np.testing.assert_array_equal(np.asarray(z), oracle(x).astype(dtype))
+    p = pickle.loads(pickle.dumps(x))
+    assert isinstance(p.data, jax.Array) and isinstance(p.indptr, jax.Array)
+    np.testing.assert_array_equal(p.asnumpy(), x.asnumpy())
+
+
+def test_zeros_csr_and_transpose_hint():
+    z = jsr.zeros("csr", (3, 4), dtype="float16")
+    jsrt.assert_valid(z)
+    assert repr(z) == "CSR(float16[3, 4], nnz=0)"
+    np.testing.assert_array_equal(z.asnumpy(), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="must be 2-D for csr"):
+        jsr.zeros("csr", (3,))
+    with pytest.raises(TypeError, match="transpose_a=True"):
+        _ = z.T
