@@ -1,0 +1,155 @@
+"""Cost properties of the lazy step: in-place donation, no [V, ...]
+intermediates at V = 10**8, no recompilation; and state handling (tree
+utilities, device_put, pickling, checkpoint round trip)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_optim_common import grad_sequence, run_steps
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows._util import index_dtype
+
+OPTS = {
+    "sgd": lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                                      clip_gradient=1.0),
+    "adam": lambda: jsr.optim.lazy_adam(optax.exponential_decay(0.1, 10, 0.9)),
+    "adamw": lambda: jsr.optim.lazy_adamw(0.1),
+    "adagrad": lambda: jsr.optim.lazy_adagrad(0.1),
+    "rowwise": lambda: jsr.optim.lazy_rowwise_adagrad(0.1, weight_decay=1e-3),
+    "ftrl": lambda: jsr.optim.lazy_ftrl(0.1, weight_decay=1e-3),
+}
+
+
+def _step(opt, apply=optax.apply_updates):
+    def step(params, state, grads):
+        updates, state = opt.update(grads, state, params)
+        return apply(params, updates), state
+
+    return step
+
+
+def _sparse_grads(v, d, k):
+    return {
+        "emb": jsr.RowSparse._make(
+            jax.ShapeDtypeStruct((k, d), jnp.float32),
+            jax.ShapeDtypeStruct((k,), index_dtype()),
+            (v, d),
+        ),
+        "b": jax.ShapeDtypeStruct((d,), jnp.float32),
+    }
+
+
+def _all_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        subs = [p for p in eqn.params.values() if isinstance(p, jax.extend.core.ClosedJaxpr
+                                                          | jax.extend.core.Jaxpr)]
+        if subs:  # a call (pjit, custom_jvp...): check what it contains
+            for s in subs:
+                yield from _all_eqns(getattr(s, "jaxpr", s))
+        else:
+            yield eqn
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+@pytest.mark.parametrize("apply", ["optax", "jsr"])
+def test_no_full_table_intermediates_at_1e8_rows(name, apply):
+    v, d, k = 10**8, 4, 64
+    opt = OPTS[name]()
+    params = {"emb": jax.ShapeDtypeStruct((v, d), jnp.float32),
+              "b": jax.ShapeDtypeStruct((d,), jnp.float32)}
+    state = jax.eval_shape(opt.init, params)
+    ap = optax.apply_updates if apply == "optax" else jsr.optim.apply_updates
+    jaxpr = jax.make_jaxpr(_step(opt, ap))(params, state, _sparse_grads(v, d, k)).jaxpr
+    big = [e for e in _all_eqns(jaxpr)
+           if any(getattr(o.aval, "shape", ())[:1] == (v,) for o in e.outvars)]
+    assert big, "expected the in-place scatters into params/state"
+    assert {e.primitive.name for e in big} <= {"scatter", "scatter-add"}, [
+        str(e.primitive) for e in big]
+    # Every big scatter writes into an input buffer (a chain rooted at an
+    # input), never into a freshly built [V, ...] array.
+    roots = set(jaxpr.invars)
+    produced = {o for e in big for o in e.outvars}
+    for e in big:
+        assert e.invars[0] in roots or e.invars[0] in produced
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_donated_step_is_in_place(name):
+    v, d, k = 1000, 8, 16
+    opt = OPTS[name]()
+    params = {"emb": jnp.zeros((v, d)), "b": jnp.zeros(d)}
+    state = opt.init(params)
+    g, _, _ = grad_sequence(0, 1, v, (d,), capacity=k, empty_steps=())[0]
+    grads = {"emb": g, "b": jnp.ones(d)}
+    text = jax.jit(_step(opt), donate_argnums=(0, 1)).lower(params, state, grads).compile()
+    text = text.as_text()
+    header = text.splitlines()[0]
+    aliased = set(int(i) for i in re.findall(r"\(\s*(\d+),\s*\{\}", header))
+    n_in = len(jax.tree.leaves((params, state)))
+    big_inputs = [i for i, x in enumerate(jax.tree.leaves((params, state)))
+                  if jnp.shape(x)[:1] == (v,)]
+    assert big_inputs and set(big_inputs) <= aliased, (big_inputs, header)
+    assert max(aliased) < n_in
+    # ...and XLA did not have to copy a full table to do it.
+    copies = [ln for ln in text.splitlines() if " copy(" in ln and f"[{v}," in ln]
+    assert not copies, copies
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "ftrl"])
+def test_second_call_compiles_nothing(name):
+    opt = OPTS[name]()
+    params = {"emb": jnp.zeros((50, 3)), "b": jnp.zeros(3)}
+    f = jax.jit(_step(opt))
+    state = opt.init(params)
+    for g, _, _ in grad_sequence(1, 4, 50, (3,), capacity=6):
+        params, state = f(params, state, {"emb": g, "b": jnp.ones(3)})
+    assert f._cache_size() == 1
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_state_is_an_ordinary_pytree(name):
+    opt = OPTS[name]()
+    params = {"emb": jnp.ones((6, 2)), "b": jnp.zeros(2)}
+    state = opt.init(params)
+    leaves, treedef = jax.tree.flatten(state)
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    assert type(rebuilt) is type(state) and len(leaves) >= 1
+    doubled = jax.tree.map(lambda x: x * 2, state)
+    assert jax.tree.structure(doubled) == treedef
+    moved = jax.device_put(state, jax.devices()[0])
+    restored = pickle.loads(pickle.dumps(moved))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_checkpoint_round_trip_is_identical(name, tmp_path):
+    opt = OPTS[name]()
+    params = {"emb": jnp.asarray(np.random.default_rng(3).normal(size=(20, 3)), jnp.float32),
+              "b": jnp.zeros(3)}
+    grads = [{"emb": g, "b": jnp.full(3, 0.1 * i, jnp.float32)}
+             for i, (g, _, _) in enumerate(grad_sequence(4, 12, 20, (3,), capacity=5))]
+    full, full_state = run_steps(opt, params, grads, jit=True)
+    half, half_state = run_steps(opt, params, grads[:6], jit=True)
+    path = tmp_path / "ckpt.pkl"
+    leaves, treedef = jax.tree.flatten((half, half_state))
+    with open(path, "wb") as f:
+        pickle.dump([np.asarray(x) for x in leaves], f)
+    with open(path, "rb") as f:
+        p2, s2 = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in pickle.load(f)])
+    step = jax.jit(_step(opt, jsr.optim.apply_updates))
+    for g in grads[6:]:
+        p2, s2 = step(p2, s2, g)
+    for a, b in zip(jax.tree.leaves((full, full_state)), jax.tree.leaves((p2, s2)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
