@@ -306,12 +306,19 @@ def print_targets(checks: list[dict[str, Any]]) -> None:
         return
     print("\nTargets (ratios of medians):")
     for c in checks:
-        bound = c["at_least"]
-        want = f">= {bound:.2f}x" if bound >= 1 else f"within {1 / bound:.2f}x"
-        got = "n/a (a contender was skipped)" if c["ratio"] is None else f"{c['ratio']:.2f}x"
-        if c["ratio"] is not None and bound < 1:
-            got = f"{1 / c['ratio']:.2f}x of {c['slow']} ({c['ratio']:.2f}x speed)"
-        print(f"  {c['verdict']:<4}  {c['label']}: measured {got}, target {want}")
+        bound, r = c["at_least"], c["ratio"]
+        if r is None:
+            got = "n/a (a contender was skipped)"
+        elif bound >= 1:
+            got = f"{r:.2f}x"
+        else:
+            got = f"{r:.2f}x speed = {1 / r:.2f}x the time of `{c['slow']}`"
+        want = (
+            f">= {bound:.2f}x"
+            if bound >= 1
+            else f">= {bound:.2f}x speed (time <= {1 / bound:.2f}x)"
+        )
+        print(f"  {c['verdict']:<4}  {c['label']}: measured {got}; target {want}")
     sys.stdout.flush()
 
 

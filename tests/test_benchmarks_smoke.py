@@ -1,0 +1,103 @@
+"""Keeps the benchmark programs in ``benchmarks/`` working: each one runs at
+``--smoke`` sizes in a subprocess. torch is never imported here: the programs
+are run with ``--without torch``, which also exercises the skip notice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+# Timings do not matter here: cheaper XLA compilation halves the run time.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def run(args: list[str], timeout: float = 120) -> str:
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE))
+    proc = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=BENCH.parent,
+        env=env,
+    )
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def run_smoke(program: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
+    out_json = tmp_path / "results.jsonl"
+    stdout = run(
+        [
+            str(BENCH / program),
+            "--smoke",
+            "--without",
+            "torch",
+            "--json",
+            "--json-path",
+            str(out_json),
+            *extra,
+        ]
+    )
+    lines = out_json.read_text().splitlines()
+    assert len(lines) == 1
+    return stdout, json.loads(lines[0])
+
+
+def check_record(record: dict, benchmark: str) -> None:
+    assert record["benchmark"] == benchmark
+    assert record["smoke"] is True
+    assert record["machine"]["cpu_count"] >= 1
+    assert record["machine"]["jax"]
+    assert record["tables"] and record["targets"]
+    for target in record["targets"]:
+        assert target["verdict"] in ("PASS", "MISS", "n/a")
+    for table in record["tables"].values():
+        for fig in table.values():
+            if "skipped" not in fig:
+                assert 0 < fig["min_ms"] <= fig["median_ms"] <= fig["max_ms"]
+                assert fig["runs"] >= 1
+
+
+def test_run_all_help():
+    out = run([str(BENCH / "run_all.py"), "--help"])
+    assert "--only" in out
+
+
+def test_lazy_update_smoke(tmp_path):
+    out, rec = run_smoke("lazy_update.py", tmp_path)
+    check_record(rec, "lazy_update")
+    assert "[skip] torch SparseAdam" in out and "disabled with --without" in out
+    assert len(rec["tables"]) == 4  # adam, sgd, adagrad, rowwise_adagrad
+    labels = [t["label"] for t in rec["targets"]]
+    assert any("within 1.25x of the floor" in lab for lab in labels)
+    # torch targets are reported as n/a, never as failures
+    torch_targets = [t for t in rec["targets"] if "torch" in t["label"]]
+    assert torch_targets and all(t["verdict"] == "n/a" for t in torch_targets)
+
+
+def test_embedding_step_smoke(tmp_path):
+    out, rec = run_smoke("embedding_step.py", tmp_path, "--memory-paths", "jsr", "--steps", "3")
+    check_record(rec, "embedding_step")
+    assert "[skip] torch" in out
+    mem = rec["extra"]["memory"]["paths"]
+    assert mem["jsr (pull_rows + lazy_adam)"]["peak_mb"] > 0
+    compile_checks = [t for t in rec["targets"] if "compiles nothing" in t["label"]]
+    assert compile_checks and all(t["verdict"] == "PASS" for t in compile_checks)
+
+
+def test_spmm_smoke(tmp_path):
+    out, rec = run_smoke("spmm.py", tmp_path)
+    check_record(rec, "spmm")
+    assert "[skip] torch sparse_csr @ dense" in out
+    assert len(rec["tables"]) == 2
+
+
+def test_libsvm_io_smoke(tmp_path):
+    out, rec = run_smoke("libsvm_io.py", tmp_path)
+    check_record(rec, "libsvm_io")
+    assert "MB/s" in out
