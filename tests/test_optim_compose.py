@@ -173,3 +173,38 @@ def test_nonfinite_gradient_rows_stay_local():
     w2 = np.asarray(jsr.optim.apply_updates(w, u))
     assert np.isnan(w2[1, 0]) and np.all(np.isfinite(w2[[0, 2, 3]]))
     assert np.all(np.isfinite(np.asarray(s[0].mu)[[0, 2, 3]]))
+
+
+def test_skip_nonfinite_skips_whole_step(jit_mode):
+    w = jnp.ones((4, 2))
+    opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_adam(0.1))
+    state = opt.init(w)
+    good = jsr.RowSparse([[1.0, 1.0]], [0], shape=(4, 2))
+    bad = jsr.RowSparse([[1.0, np.inf]], [2], shape=(4, 2))
+
+    def step(w, s, g):
+        u, s = opt.update(g, s, w)
+        return jsr.optim.apply_updates(w, u), s
+
+    step = jit_mode(step)
+    w1, s1 = step(w, state, good)
+    w2, s2 = step(w1, s1, bad)
+    np.testing.assert_array_equal(np.asarray(w2), np.asarray(w1))
+    assert int(s2.skipped) == 1 and int(s2.inner_state[0].count) == 1
+    for a, b in zip(jax.tree.leaves(s1.inner_state), jax.tree.leaves(s2.inner_state),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    w3, s3 = step(w2, s2, good)
+    assert int(s3.inner_state[0].count) == 2 and int(s3.skipped) == 1
+    assert not np.array_equal(np.asarray(w3), np.asarray(w2))
+
+
+def test_skip_nonfinite_ignores_padding_slots():
+    # A NaN in a padding slot is not a gradient value: nothing is skipped.
+    g = jsr.RowSparse._make(jnp.asarray([[1.0], [np.nan]]), jnp.asarray([0, 3], jnp.int32),
+                            (3, 1))
+    opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_sgd(1.0))
+    w = jnp.zeros((3, 1))
+    u, s = opt.update(g, opt.init(w), w)
+    assert int(s.skipped) == 0
+    np.testing.assert_array_equal(np.asarray(jsr.optim.apply_updates(w, u))[:, 0], [-1, 0, 0])

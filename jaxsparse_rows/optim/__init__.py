@@ -22,7 +22,9 @@ from ._transforms import ScaleByLearningRateState as ScaleByLearningRateState
 from ._transforms import add_decayed_weights as add_decayed_weights
 from ._transforms import clip_by_global_norm as clip_by_global_norm
 from ._transforms import lift_elementwise as lift_elementwise
+from ._transforms import SkipNonfiniteState as SkipNonfiniteState
 from ._transforms import scale_by_learning_rate as scale_by_learning_rate
+from ._transforms import skip_nonfinite as skip_nonfinite
 
 __all__ = [
     "LazyFtrlState",
@@ -31,6 +33,7 @@ __all__ = [
     "ScaleByLazyRowwiseAdagradState",
     "ScaleByLazySgdState",
     "ScaleByLearningRateState",
+    "SkipNonfiniteState",
     "add_decayed_weights",
     "apply_updates",
     "clip_by_global_norm",
@@ -46,4 +49,5 @@ __all__ = [
     "scale_by_lazy_rowwise_adagrad",
     "scale_by_lazy_sgd",
     "scale_by_learning_rate",
+    "skip_nonfinite",
 ]

@@ -244,3 +244,81 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
         return map_updates(join, updates, new_data, n_out=1)[0], state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+class SkipNonfiniteState(NamedTuple):
+    """State of :func:`skip_nonfinite`.
+
+    Attributes:
+      inner_state: the wrapped transformation's state.
+      skipped: how many updates were skipped so far (``int32``).
+    """
+
+    inner_state: Any
+    skipped: jax.Array
+
+
+def _all_finite(updates: Any) -> jax.Array:
+    def leaf(_, u):
+        data = mask_rows(u.data, u.indices, u.shape[0]) if is_rowsparse(u) else jnp.asarray(u)
+        return (jnp.all(jnp.isfinite(data)),)
+
+    flags = jax.tree.leaves(map_updates(leaf, updates, n_out=1)[0])
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
+def _zero_like_output(x: Any) -> Any:
+    if is_rowsparse(x):
+        n = x.shape[0]
+        return RowSparse._make(
+            jnp.zeros(x.data.shape, x.data.dtype),
+            jnp.full(x.indices.shape, n, x.indices.dtype),
+            x.shape,
+        )
+    return jnp.zeros(x.shape, x.dtype)
+
+
+def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Skips a whole step when any gradient value (real rows only) is NaN or inf.
+
+    A skipped step returns zero updates (RowSparse updates with no real row)
+    and leaves ``inner``'s state untouched, step count included; ``skipped``
+    counts such steps. Unlike ``optax.apply_if_finite`` (which does not accept
+    RowSparse updates and selects between whole state trees), the choice is a
+    ``lax.cond``, so the donated state is still updated in place.
+
+    Args:
+      inner: the transformation to protect, e.g. ``lazy_adam(1e-3)``.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_sgd(0.1))
+      >>> w = jnp.ones((3, 1))
+      >>> g = jsr.RowSparse([[jnp.nan]], [1], shape=(3, 1))
+      >>> u, state = opt.update(g, opt.init(w), w)
+      >>> jsr.optim.apply_updates(w, u)[:, 0], state.skipped
+      (Array([1., 1., 1.], dtype=float32), Array(1, dtype=int32))
+    """
+
+    def init_fn(params):
+        return SkipNonfiniteState(inner.init(params), jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        finite = _all_finite(updates)
+
+        def run(inner_state):
+            return inner.update(updates, inner_state, params)
+
+        def skip(inner_state):
+            shapes = jax.eval_shape(run, inner_state)[0]
+            zeros = jax.tree.map(_zero_like_output, shapes, is_leaf=is_rowsparse)
+            return zeros, inner_state
+
+        new_updates, inner_state = jax.lax.cond(finite, run, skip, state.inner_state)
+        skipped = state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32)
+        return new_updates, SkipNonfiniteState(inner_state, skipped)
+
+    return optax.GradientTransformation(init_fn, update_fn)
