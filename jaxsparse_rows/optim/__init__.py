@@ -19,10 +19,10 @@ from ._sgd import ScaleByLazySgdState as ScaleByLazySgdState
 from ._sgd import lazy_sgd as lazy_sgd
 from ._sgd import scale_by_lazy_sgd as scale_by_lazy_sgd
 from ._transforms import ScaleByLearningRateState as ScaleByLearningRateState
+from ._transforms import SkipNonfiniteState as SkipNonfiniteState
 from ._transforms import add_decayed_weights as add_decayed_weights
 from ._transforms import clip_by_global_norm as clip_by_global_norm
 from ._transforms import lift_elementwise as lift_elementwise
-from ._transforms import SkipNonfiniteState as SkipNonfiniteState
 from ._transforms import scale_by_learning_rate as scale_by_learning_rate
 from ._transforms import skip_nonfinite as skip_nonfinite
 
