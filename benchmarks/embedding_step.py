@@ -88,7 +88,7 @@ def head_loss(pooled: jax.Array, p: dict, y: jax.Array) -> jax.Array:
 
 
 def cycling(step_fn, state, batches):
-    box = [state]
+    box = [h.block(state)]  # finish building the state before the first timed call
     pool = itertools.cycle([(jnp.asarray(i), jnp.asarray(y)) for i, y in batches])
 
     def step():
@@ -295,6 +295,7 @@ def run_memory(rep: h.Report, v: int, d: int, b: int, steps: int, keys, without)
         ]
         for w in without:
             cmd += ["--without", w]
+        cmd += ["--torch-threads", str(h._TORCH_THREADS[0])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {key} failed:\n{proc.stderr[-3000:]}")
@@ -339,6 +340,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.memory_child:
         h._WITHOUT.update(args.without)
+        h._TORCH_THREADS[0] = args.torch_threads
         memory_child(args.memory_child, args.vocab, args.dim, args.batch, args.steps)
         return
     args = h.parse(p, argv)
