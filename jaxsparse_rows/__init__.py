@@ -9,6 +9,7 @@ Import convention::
 from . import io as io
 from . import optim as optim
 from . import random as random
+from . import svrg as svrg
 from . import testing as testing
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad
@@ -79,5 +80,6 @@ __all__ = [
     "tan", "tanh", "to_bcoo", "to_scipy", "todense", "trunc", "value_and_grad", "verbose",
     "zeros",
     "random",
+    "svrg",
     "testing",
 ]
