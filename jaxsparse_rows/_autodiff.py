@@ -51,8 +51,10 @@ def value_and_grad(
       >>> rows = jsr.pull_rows(table, jnp.array([3, 7, 3]))
       >>> loss = lambda r: jnp.sum(jsr.take(r, jnp.array([3, 7, 3])) ** 2)
       >>> value, g = jsr.value_and_grad(loss)(rows)
-      >>> value, g, g.indices[:2], g.data[:2]
-      (Array(6., dtype=float32), RowSparse(float32[1000, 2], rows=2, capacity=3), Array([3, 7], dtype=int32), Array([[4., 4.],
+      >>> value, g
+      (Array(6., dtype=float32), RowSparse(float32[1000, 2], rows=2, capacity=3))
+      >>> g.indices[:2], g.data[:2]
+      (Array([3, 7], dtype=int32), Array([[4., 4.],
              [2., 2.]], dtype=float32))
     """
 

@@ -15,8 +15,8 @@ from ._util import (
     capacity_check,
     check_static_int,
     gather_rows,
-    index_dtype,
     is_concrete,
+    slots_in,
     unique_rows,
 )
 
@@ -69,9 +69,11 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
       >>> table = jnp.arange(12.).reshape(6, 2)
       >>> rows = jsr.pull_rows(table, jnp.array([[4, 1], [4, 4]]))
-      >>> rows, rows.indices, rows.data[:2]
-      (RowSparse(float32[6, 2], rows=2, capacity=4), Array([1, 4, 6, 6], dtype=int32), Array([[2., 3.],
-             [8., 9.]], dtype=float32))
+      >>> rows, rows.indices
+      (RowSparse(float32[6, 2], rows=2, capacity=4), Array([1, 4, 6, 6], dtype=int32))
+      >>> rows.data[:2]
+      Array([[2., 3.],
+             [8., 9.]], dtype=float32)
     """
     if not isinstance(table, jax.Array):
         table = jnp.asarray(table)
@@ -82,7 +84,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     flat = ids.reshape(-1)
     cap = flat.shape[0] if size is None else check_static_int(size, "size")
     _check_id_range(flat, n, "ids")
-    uniq, _, _, count = unique_rows(flat, n, cap)
+    uniq, count = unique_rows(flat, n, cap)
     capacity_check(
         count <= cap,
         f"pull_rows: `ids` hold more distinct rows than `size` = {cap}; rows would be "
@@ -99,15 +101,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
 
 def lookup_slots(rsp: RowSparse, ids: jax.Array) -> jax.Array:
     """Slot of every id in ``rsp.indices``; ``rsp.capacity`` where it is absent."""
-    k = rsp.capacity
-    idt = index_dtype()
-    ids = ids.astype(idt)
-    if k == 0:
-        return jnp.zeros(ids.shape, idt)
-    pos = jnp.searchsorted(rsp.indices, ids, method="sort").astype(idt)
-    pos_c = jnp.minimum(pos, k - 1)
-    hit = (rsp.indices[pos_c] == ids) & (ids >= 0) & (ids < rsp.shape[0])
-    return jnp.where(hit, pos_c, k)
+    return slots_in(rsp.indices, ids, rsp.shape[0])
 
 
 def take(x: Any, ids: ArrayLike) -> jax.Array:
@@ -160,5 +154,5 @@ def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
     rows = _as_ids(rows, "rows").reshape(-1)
     n = x.shape[0]
     _check_id_range(rows, n, "rows")
-    uniq, _, _, _ = unique_rows(rows, n, rows.shape[0])
+    uniq, _ = unique_rows(rows, n, rows.shape[0])
     return RowSparse._make(take(x, uniq), uniq, x.shape)

@@ -48,8 +48,8 @@ def test_embedding_grad_equals_dense_restricted(jit_mode, rng, size_extra):
     np.testing.assert_allclose(g_w, g_w_ref, rtol=1e-5, atol=1e-6)
     assert isinstance(g_rows, jsr.RowSparse) and g_rows.shape == (v, d)
     assert g_rows.capacity == n_unique + size_extra
-    np.testing.assert_array_equal(np.asarray(g_rows.indices),
-                                  np.asarray(jsr.pull_rows(table, ids, size=g_rows.capacity).indices))
+    pulled = jsr.pull_rows(table, ids, size=g_rows.capacity)
+    np.testing.assert_array_equal(np.asarray(g_rows.indices), np.asarray(pulled.indices))
     np.testing.assert_allclose(np.asarray(g_rows.data),
                                _restrict(g_table, g_rows.indices, v), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(g_rows.todense()), np.asarray(g_table),

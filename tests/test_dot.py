@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 import jax
-import jax.test_util
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 from hypothesis import given
