@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -331,6 +332,25 @@ def print_targets(checks: list[dict[str, Any]]) -> None:
     sys.stdout.flush()
 
 
+def git_state() -> dict[str, Any]:
+    """HEAD commit of the checkout and whether the library has uncommitted edits."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "jaxsparse_rows"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": head, "library_dirty": bool(dirty)}
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
@@ -340,6 +360,7 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "git": git_state(),
     }
 
 
