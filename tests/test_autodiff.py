@@ -177,3 +177,19 @@ def test_gradient_property(v, ids, extra, seed):
     g_ref = jax.grad(loss)(table)
     np.testing.assert_allclose(np.asarray(g.todense()), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
     jsr.check(g)
+
+
+def test_vmap_per_example_row_sparse_gradients(rng):
+    """Per-example gradients: vmap over a batch of id sets."""
+    table = jnp.asarray(rng.standard_normal((12, 2)).astype(np.float32))
+    ids = jnp.array([[1, 5, 1], [7, 7, 0]])
+
+    def per_example(i):
+        rows = jsr.pull_rows(table, i)
+        return jsr.grad(lambda r: jnp.sum(jsr.take(r, i) ** 2))(rows)
+
+    g = jax.vmap(per_example)(ids)
+    for b in range(2):
+        g_ref = jax.grad(lambda t, i: jnp.sum(jsr.take(t, i) ** 2))(table, ids[b])
+        one = jsr.RowSparse._make(g.data[b], g.indices[b], table.shape)
+        np.testing.assert_allclose(np.asarray(one.todense()), np.asarray(g_ref), rtol=1e-6)

@@ -208,3 +208,15 @@ def test_dense_gradients_through_dot(rng):
     _close(g, g_ref)
     jax.test_util.check_grads(lambda b: jsr.dot(x, b), (y,), order=1, modes=["rev"],
                               atol=1e-2, rtol=1e-2)
+
+
+def test_vmap_over_dense_operand(rng):
+    x, dense = _random_csr(rng, 4, 6, pad=1)
+    ys = jnp.asarray(rng.standard_normal((3, 6, 2)).astype(np.float32))
+    out = jax.vmap(lambda y: jsr.dot(x, y))(ys)
+    for b in range(3):
+        _close(out[b], dense @ np.asarray(ys[b]))
+    yts = jnp.asarray(rng.standard_normal((3, 4, 2)).astype(np.float32))
+    out_t = jax.vmap(lambda y: jsr.dot(x, y, transpose_a=True).todense())(yts)
+    for b in range(3):
+        _close(out_t[b], dense.T @ np.asarray(yts[b]))
