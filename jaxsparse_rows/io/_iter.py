@@ -352,16 +352,16 @@ def stack_batches(batches: Sequence[Batch]) -> Batch:
     """
     if not batches:
         raise ValueError("`batches` is empty: nothing to stack.")
-    cap = max(b.x.nse for b in batches)
-    datas, cols = [], []
-    for b in batches:
-        pad = cap - b.x.nse
-        datas.append(jnp.pad(b.x.data, (0, pad)))
-        cols.append(jnp.pad(b.x.indices, (0, pad), constant_values=b.x.shape[1]))
-    x = CSR._make(
-        jnp.stack(datas),
-        jnp.stack(cols),
-        jnp.stack([b.x.indptr for b in batches]),
-        batches[0].x.shape,
-    )
-    return Batch(x, jnp.stack([b.y for b in batches]), jnp.stack([b.num_rows for b in batches]))
+    shape = batches[0].x.shape
+    if any(b.x.shape != shape for b in batches):
+        raise ValueError(f"every batch must have the same shape {shape} to be stacked.")
+    host = jax.device_get([(b.x.data, b.x.indices, b.x.indptr, b.y, b.num_rows) for b in batches])
+    cap = max(d.shape[0] for d, *_ in host)
+    data = np.zeros((len(host), cap), host[0][0].dtype)
+    cols = np.full((len(host), cap), shape[1], host[0][1].dtype)
+    for t, (d, c, *_) in enumerate(host):  # host-side copies; no per-batch XLA op
+        data[t, : d.shape[0]] = d
+        cols[t, : c.shape[0]] = c
+    ptr, y, n = (np.stack([h[i] for h in host]) for i in (2, 3, 4))
+    data, cols, ptr, y, n = jax.device_put((data, cols, ptr, y, n))
+    return Batch(CSR._make(data, cols, ptr, shape), y, n)
