@@ -27,6 +27,7 @@ OPTS = {
     "rowwise": lambda: jsr.optim.lazy_rowwise_adagrad(0.1, weight_decay=1e-3),
     "ftrl": lambda: jsr.optim.lazy_ftrl(0.1, weight_decay=1e-3),
     "skip_adam": lambda: jsr.optim.skip_nonfinite(jsr.optim.lazy_adam(0.1)),
+    "exact_sgd": lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, weight_decay=1e-3, lazy="exact"),
 }
 
 

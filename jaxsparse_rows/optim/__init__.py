@@ -13,6 +13,8 @@ from ._adam import lazy_adam as lazy_adam
 from ._adam import lazy_adamw as lazy_adamw
 from ._adam import scale_by_lazy_adam as scale_by_lazy_adam
 from ._apply import apply_updates as apply_updates
+from ._exact import ExactLazySgdState as ExactLazySgdState
+from ._exact import flush as flush
 from ._ftrl import LazyFtrlState as LazyFtrlState
 from ._ftrl import lazy_ftrl as lazy_ftrl
 from ._sgd import ScaleByLazySgdState as ScaleByLazySgdState
@@ -27,6 +29,7 @@ from ._transforms import scale_by_learning_rate as scale_by_learning_rate
 from ._transforms import skip_nonfinite as skip_nonfinite
 
 __all__ = [
+    "ExactLazySgdState",
     "LazyFtrlState",
     "ScaleByLazyAdagradState",
     "ScaleByLazyAdamState",
@@ -37,6 +40,7 @@ __all__ = [
     "add_decayed_weights",
     "apply_updates",
     "clip_by_global_norm",
+    "flush",
     "lazy_adagrad",
     "lazy_adam",
     "lazy_adamw",

@@ -1,0 +1,240 @@
+"""Exact lazy SGD: momentum and weight decay of skipped steps replayed in
+closed form when a row is touched again, and :func:`flush` to bring every
+row up to date.
+
+With a zero gradient one SGD step is linear in ``(w_r, m_r)``::
+
+    [w', m'] = A @ [w, m]
+    A = [[1 - lr*wd, -lr*mu], [wd, mu]]                        (heavy ball)
+    A = [[1 - lr*wd*(1 + mu), -lr*mu**2], [wd, mu]]             (Nesterov)
+
+so ``s`` skipped steps are ``A**s``. ``A**(2**j)`` are constants computed
+once (float64, at trace time); each touched row multiplies those selected by
+the bits of its own ``s``: O(31) scalar work per row plus O(D) to apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._rowsparse import RowSparse
+from ._tree import (
+    PARAMS_REQUIRED,
+    check_dense_params,
+    check_like,
+    gather_rows,
+    is_rowsparse,
+    map_updates,
+    mask_rows,
+    scatter_rows,
+    zeros_like_params,
+)
+
+_BITS = 31  # counts are int32
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactLazySgdState:
+    """State of ``lazy_sgd(..., lazy="exact")``.
+
+    Attributes:
+      count: the global step count (``int32``).
+      trace: momentum buffers shaped like the parameters (``None`` leaves when
+        ``momentum == 0``).
+      last_step: per-row step number up to which each row is current (``[V]``
+        ``int32`` per parameter).
+      hparams: static ``(learning_rate, momentum, nesterov, weight_decay)``,
+        used by :func:`flush`.
+    """
+
+    count: jax.Array
+    trace: Any
+    last_step: Any
+    hparams: tuple = dataclasses.field(metadata={"static": True})
+
+
+jax.tree_util.register_dataclass(
+    ExactLazySgdState,
+    data_fields=["count", "trace", "last_step"],
+    meta_fields=["hparams"],
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _powers(lr: float, mu: float, nesterov: bool, wd: float) -> np.ndarray:
+    """``A**(2**j)`` for ``j < 31`` as a ``[31, 2, 2]`` float64 array."""
+    if nesterov:
+        a = np.array([[1 - lr * wd * (1 + mu), -lr * mu * mu], [wd, mu]], np.float64)
+    else:
+        a = np.array([[1 - lr * wd, -lr * mu], [wd, mu]], np.float64)
+    out = np.empty((_BITS, 2, 2), np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        for j in range(_BITS):
+            out[j] = a
+            a = a @ a
+    return out
+
+
+def _catch_up(w, m, skipped, powers, dtype):
+    """Applies ``A**skipped`` (per row) to rows ``w`` (and momentum ``m``)."""
+    table = jnp.asarray(powers.reshape(_BITS, 4), dtype)
+
+    def body(j, r):
+        r00, r01, r10, r11 = r
+        p00, p01, p10, p11 = table[j, 0], table[j, 1], table[j, 2], table[j, 3]
+        bit = ((skipped >> j) & 1).astype(bool)
+        n = (r00 * p00 + r01 * p10, r00 * p01 + r01 * p11,
+             r10 * p00 + r11 * p10, r10 * p01 + r11 * p11)
+        return tuple(jnp.where(bit, a, b) for a, b in zip(n, r, strict=True))
+
+    one = jnp.ones(skipped.shape, dtype)
+    zero = jnp.zeros(skipped.shape, dtype)
+    r00, r01, r10, r11 = jax.lax.fori_loop(0, _BITS, body, (one, zero, zero, one))
+    shape = skipped.shape + (1,) * (w.ndim - skipped.ndim)
+    r00, r01, r10, r11 = (x.reshape(shape) for x in (r00, r01, r10, r11))
+    if m is None:
+        return r00 * w, None
+    return r00 * w + r01 * m, r10 * w + r11 * m
+
+
+@functools.partial(jax.jit, static_argnames=("hparams",))
+def _flush_leaf(p, m, last, t, hparams):
+    w, m2 = _catch_up(p, None if m is None else m.astype(p.dtype), t - last,
+                      _powers(*hparams), p.dtype)
+    m2 = None if m is None else m2.astype(m.dtype)
+    return w.astype(p.dtype), m2, jnp.full_like(last, t)
+
+
+def exact_lazy_sgd(
+    learning_rate: Any,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float,
+    rescale_grad: float,
+    clip_gradient: float | None,
+) -> optax.GradientTransformation:
+    """``lazy_sgd(..., lazy="exact")``; see :func:`jaxsparse_rows.optim.lazy_sgd`."""
+    if callable(learning_rate):
+        raise ValueError(
+            "`lazy_sgd(..., lazy=\"exact\")` needs a constant float `learning_rate`: the "
+            "closed-form replay of skipped steps assumes the same step matrix every step. "
+            "Use `lazy=False` with a schedule."
+        )
+    lr = float(learning_rate)
+    use_trace = momentum != 0.0
+    hparams = (lr, float(momentum), bool(nesterov), float(weight_decay))
+    powers = _powers(lr, float(momentum), bool(nesterov), float(weight_decay))
+
+    def init_fn(params):
+        check_dense_params(params, "lazy_sgd(lazy='exact')")
+        trace = zeros_like_params(params) if use_trace else jax.tree.map(lambda _: None, params)
+        last = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p)[:1], jnp.int32), params)
+        return ExactLazySgdState(jnp.zeros([], jnp.int32), trace, last, hparams)
+
+    def step_rows(g, w, m, skipped):
+        dt = jnp.result_type(w, g)
+        w0 = w
+        w, m = _catch_up(w.astype(dt), None if m is None else m.astype(dt), skipped, powers, dt)
+        if rescale_grad != 1.0:
+            g = rescale_grad * g
+        if clip_gradient is not None:
+            g = jnp.clip(g, -clip_gradient, clip_gradient)
+        g = g + weight_decay * w
+        if m is None:
+            u = g
+        else:
+            m = momentum * m + g
+            u = g + momentum * m if nesterov else m
+        w_new = w - lr * u
+        return (w_new - w0).astype(dt), m
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError(PARAMS_REQUIRED.format(name="lazy_sgd(lazy='exact')"))
+        t = state.count
+
+        def leaf(path, g, m, last, p):
+            check_like(path, g, p)
+            if is_rowsparse(g):
+                idx = g.indices
+                w = gather_rows(p, idx)
+                mr = None if m is None else gather_rows(m, idx)
+                skipped = t - gather_rows(last, idx)
+                u, mr = step_rows(g.data, w, mr, skipped)
+                u = mask_rows(u, idx, g.shape[0])
+                if m is not None:
+                    m = scatter_rows(m, idx, mr)
+                last = scatter_rows(last, idx, jnp.broadcast_to(t + 1, idx.shape))
+                return RowSparse._make(u, idx, g.shape), m, last
+            u, m_new = step_rows(jnp.asarray(g), p, m, t - last)
+            m = None if m is None else m_new.astype(m.dtype)
+            return u, m, jnp.full_like(last, t + 1)
+
+        updates, trace, last = map_updates(
+            leaf, updates, state.trace, state.last_step, params, n_out=3
+        )
+        count = optax.safe_increment(state.count)
+        return updates, ExactLazySgdState(count, trace, last, hparams)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def flush(params: Any, state: Any) -> tuple[Any, Any]:
+    """Brings every row of ``lazy_sgd(..., lazy="exact")`` parameters up to date.
+
+    Rows not touched since step ``t0`` owe ``count - t0`` momentum / weight
+    decay steps; ``flush`` applies them all (O(V) work), so ``params`` equal
+    what ``lazy=False`` SGD would hold. Call it before evaluating or saving.
+    ``state`` may be the optimizer state itself or any tree containing it
+    (e.g. a chain's tuple); ``params`` must have the structure the exact
+    optimizer was initialised with. Other state is returned unchanged.
+
+    Args:
+      params: the parameters.
+      state: the optimizer state.
+
+    Returns:
+      ``(params, state)`` with every row current.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
+      >>> w = jnp.zeros((2, 1))
+      >>> s = opt.init(w)
+      >>> u, s = opt.update(jsr.RowSparse([[1.]], [0], shape=(2, 1)), s, w)
+      >>> w = jsr.optim.apply_updates(w, u)
+      >>> u, s = opt.update(jsr.RowSparse([[1.]], [1], shape=(2, 1)), s, w)
+      >>> w = jsr.optim.apply_updates(w, u)
+      >>> w, s = jsr.optim.flush(w, s)  # row 0 owes one momentum step
+      >>> w[:, 0]
+      Array([-0.15, -0.1 ], dtype=float32)
+    """
+    is_exact = lambda x: isinstance(x, ExactLazySgdState)
+    found = [x for x in jax.tree.leaves(state, is_leaf=is_exact) if is_exact(x)]
+    new_nodes = {}
+    for node in found:
+        t = node.count
+        flat_p, treedef = jax.tree.flatten(params, is_leaf=lambda x: x is None)
+        flat_m = treedef.flatten_up_to(node.trace)
+        flat_last = treedef.flatten_up_to(node.last_step)
+        for i, (p, m, last) in enumerate(zip(flat_p, flat_m, flat_last, strict=True)):
+            if p is None or isinstance(last, optax.MaskedNode):
+                continue
+            flat_p[i], flat_m[i], flat_last[i] = _flush_leaf(
+                jnp.asarray(p), m, last, t, node.hparams
+            )
+        params = treedef.unflatten(flat_p)
+        trace = treedef.unflatten(flat_m)
+        last = treedef.unflatten(flat_last)
+        new_nodes[id(node)] = ExactLazySgdState(node.count, trace, last, node.hparams)
+    state = jax.tree.map(
+        lambda x: new_nodes.get(id(x), x) if is_exact(x) else x, state, is_leaf=is_exact
+    )
+    return params, state
