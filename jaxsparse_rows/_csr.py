@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ._rowsparse import _as_data, _as_index_array, _as_shape, dense_numpy
+from ._rowsparse import _as_data, _as_index_array, _as_shape, dense_numpy, host_dense
 from ._util import capacity_check, check_static_int, index_dtype, is_concrete, shape_str
 
 
@@ -213,7 +213,7 @@ class CSR:
 
     def asnumpy(self) -> np.ndarray:
         """The dense matrix as a new, writable ``numpy.ndarray``."""
-        return np.array(self.todense())
+        return host_dense(self)
 
     def astype(self, dtype: Any) -> CSR:
         """Casts ``data``; structure is kept."""

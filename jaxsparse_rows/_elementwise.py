@@ -335,7 +335,11 @@ def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
 
 
 def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
-    if b.ndim > 2 or np.broadcast_shapes(tuple(b.shape), a.shape) != a.shape:
+    try:
+        ok = b.ndim <= 2 and np.broadcast_shapes(tuple(b.shape), a.shape) == a.shape
+    except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(
             f"a dense operand of shape {tuple(b.shape)} does not broadcast to the csr "
             f"shape {a.shape}."

@@ -37,8 +37,26 @@ def dense_numpy(x: Any, dtype: Any = None, copy: Any = None) -> np.ndarray:
             f"a sparse {type(x).__name__} cannot be viewed as a dense numpy array without "
             "building a new one; use `np.asarray(x)` (copy=None) or `x.asnumpy()`."
         )
-    out = np.array(x.todense())
+    out = host_dense(x)
     return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def host_dense(x: Any) -> np.ndarray:
+    """The dense form as a new numpy array, scattered on the host when ``x`` is concrete
+    (no device computation to compile for every new shape)."""
+    if not is_concrete(*jax.tree.leaves(x)):
+        return np.array(x.todense())
+    data, idx = np.asarray(x.data), np.asarray(x.indices)
+    out = np.zeros(x.shape, data.dtype)
+    if isinstance(x, RowSparse):
+        real = idx < x.shape[0]
+        out[idx[real]] = data[real]
+    else:
+        ptr = np.asarray(x.indptr)
+        nnz = int(ptr[-1])
+        rows = np.repeat(np.arange(x.shape[0]), np.diff(ptr))
+        np.add.at(out, (rows, idx[:nnz]), data[:nnz])
+    return out
 
 
 def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
@@ -171,7 +189,7 @@ class RowSparse:
         if is_concrete(indices):
             n_real = validate_row_indices(np.asarray(indices), shape[0])
             if n_real < data.shape[0] and is_concrete(data):
-                if np.any(np.asarray(data[n_real:]) != 0):
+                if np.any(np.asarray(data)[n_real:] != 0):
                     raise ValueError("padding slots (id N) must hold zero `data`.")
         self.data = data
         self.indices = indices
@@ -255,7 +273,7 @@ class RowSparse:
 
     def asnumpy(self) -> np.ndarray:
         """The dense array as a new, writable ``numpy.ndarray`` (MXNet's ``asnumpy``)."""
-        return np.array(self.todense())
+        return host_dense(self)
 
     def astype(self, dtype: Any) -> RowSparse:
         """Casts ``data``; indices and padding are kept."""

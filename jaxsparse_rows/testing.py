@@ -124,7 +124,7 @@ def random_rowsparse(
     idx[:n_rows] = rows
     data = np.zeros((capacity,) + shape[1:], dtype=jnp.dtype(dtype))
     data[:n_rows] = _values(rng, (n_rows,) + shape[1:], dtype)
-    return RowSparse(jnp.asarray(data), jnp.asarray(idx), shape)
+    return RowSparse(data, idx, shape)
 
 
 def random_csr(
@@ -167,13 +167,11 @@ def random_csr(
     ind[: len(rows)] = cols
     indptr = np.zeros((m + 1,), idt)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return CSR(jnp.asarray(data), jnp.asarray(ind), jnp.asarray(indptr), (m, k))
+    return CSR(data, ind, indptr, (m, k))
 
 
 def _dense(x: Any) -> np.ndarray:
-    if isinstance(x, RowSparse | CSR):
-        return np.asarray(x.todense())
-    return np.asarray(x)
+    return np.asarray(x)  # sparse arrays densify through ``__array__``
 
 
 def assert_allclose(

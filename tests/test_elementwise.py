@@ -1,0 +1,257 @@
+"""Elementwise ops: the storage-type inference table row by row, zero-preserving
+unary functions, broadcasting, dtype preservation and padding, eagerly and under
+jit, against a dense numpy oracle."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+from tests import strategies as sst
+
+DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16]
+N, D = 6, 2
+
+
+@functools.cache
+def inputs(dtype=jnp.float32):
+    rng = np.random.default_rng(0)
+    r1 = jsrt.random_rowsparse(rng, (N, D), n_rows=3, capacity=4, dtype=dtype)
+    r2 = jsrt.random_rowsparse(rng, (N, D), n_rows=3, capacity=5, dtype=dtype)
+    c1 = jsrt.random_csr(rng, (N, D), density=0.4, nse=8, dtype=dtype)
+    c2 = jsrt.random_csr(rng, (N, D), density=0.4, dtype=dtype)
+    dense = jnp.asarray(jsrt.random_dense(rng, (N, D), dtype))
+    return r1, r2, c1, c2, dense
+
+
+def dense_of(x):
+    return np.asarray(x).astype(np.float64)
+
+
+# One row per line of the table in `_elementwise.py` / docs/storage.md:
+# (expression, function of (r1, r2, c1, c2, dense), numpy oracle, result stype).
+TABLE = [
+    ("rsp * scalar", lambda r, s, c, t, d: r * 3, lambda r, s, c, t, d: r * 3, "row_sparse"),
+    ("scalar * rsp", lambda r, s, c, t, d: 3 * r, lambda r, s, c, t, d: 3 * r, "row_sparse"),
+    ("rsp / scalar", lambda r, s, c, t, d: r / 4, lambda r, s, c, t, d: r / 4, "row_sparse"),
+    ("-rsp", lambda r, s, c, t, d: -r, lambda r, s, c, t, d: -r, "row_sparse"),
+    ("abs(rsp)", lambda r, s, c, t, d: jsr.abs(r), lambda r, s, c, t, d: abs(r), "row_sparse"),
+    ("rsp + rsp", lambda r, s, c, t, d: r + s, lambda r, s, c, t, d: r + s, "row_sparse"),
+    ("rsp - rsp", lambda r, s, c, t, d: r - s, lambda r, s, c, t, d: r - s, "row_sparse"),
+    ("rsp * rsp", lambda r, s, c, t, d: r * s, lambda r, s, c, t, d: r * s, "row_sparse"),
+    ("rsp * dense", lambda r, s, c, t, d: r * d, lambda r, s, c, t, d: r * d, "row_sparse"),
+    ("dense * rsp", lambda r, s, c, t, d: d * r, lambda r, s, c, t, d: d * r, "row_sparse"),
+    ("rsp + dense", lambda r, s, c, t, d: r + d, lambda r, s, c, t, d: r + d, "default"),
+    ("dense + rsp", lambda r, s, c, t, d: d + r, lambda r, s, c, t, d: d + r, "default"),
+    ("dense - rsp", lambda r, s, c, t, d: d - r, lambda r, s, c, t, d: d - r, "default"),
+    ("rsp ** 2", lambda r, s, c, t, d: r**2, lambda r, s, c, t, d: r**2, "row_sparse"),
+    ("csr * scalar", lambda r, s, c, t, d: c * 3, lambda r, s, c, t, d: c * 3, "csr"),
+    ("csr / scalar", lambda r, s, c, t, d: c / 4, lambda r, s, c, t, d: c / 4, "csr"),
+    ("-csr", lambda r, s, c, t, d: -c, lambda r, s, c, t, d: -c, "csr"),
+    ("sqrt(|csr|)", lambda r, s, c, t, d: jsr.sqrt(abs(c)),
+     lambda r, s, c, t, d: np.sqrt(abs(c)), "csr"),
+    ("csr + csr", lambda r, s, c, t, d: c + t, lambda r, s, c, t, d: c + t, "csr"),
+    ("csr - csr", lambda r, s, c, t, d: c - t, lambda r, s, c, t, d: c - t, "csr"),
+    ("csr * dense", lambda r, s, c, t, d: c * d, lambda r, s, c, t, d: c * d, "csr"),
+    ("dense * csr", lambda r, s, c, t, d: d * c, lambda r, s, c, t, d: d * c, "csr"),
+    ("csr + dense", lambda r, s, c, t, d: c + d, lambda r, s, c, t, d: c + d, "default"),
+    ("dense + csr", lambda r, s, c, t, d: d + c, lambda r, s, c, t, d: d + c, "default"),
+]
+
+# "anything else": dense result and a StorageFallbackWarning naming the op.
+FALLBACK = [
+    ("rsp + scalar", lambda r, s, c, t, d: r + 1, lambda r, s, c, t, d: r + 1, "add"),
+    ("rsp - scalar", lambda r, s, c, t, d: r - 1, lambda r, s, c, t, d: r - 1, "subtract"),
+    ("rsp / dense", lambda r, s, c, t, d: r / d, lambda r, s, c, t, d: r / d, "divide"),
+    ("scalar / rsp", lambda r, s, c, t, d: 1 / r, lambda r, s, c, t, d: 1 / r, "divide"),
+    ("rsp * csr", lambda r, s, c, t, d: r * c, lambda r, s, c, t, d: r * c, "multiply"),
+    ("rsp + csr", lambda r, s, c, t, d: r + c, lambda r, s, c, t, d: r + c, "add"),
+    ("csr * csr", lambda r, s, c, t, d: c * t, lambda r, s, c, t, d: c * t, "multiply"),
+    ("rsp ** -1", lambda r, s, c, t, d: r ** -1.0, lambda r, s, c, t, d: r ** -1.0, "power"),
+    ("log(rsp)", lambda r, s, c, t, d: jsr.apply_dense(jnp.log, r),
+     lambda r, s, c, t, d: np.log(r), "log"),
+]
+
+
+# dtype x mode combinations (each dtype is run at least once under jit and eagerly
+# across the set, keeping the suite fast)
+MODES = [(jnp.float32, "eager"), (jnp.float32, "jit"), (jnp.float16, "eager"),
+         (jnp.bfloat16, "jit")]
+
+
+@pytest.mark.parametrize("name,fn,ref,out_stype", TABLE, ids=[t[0] for t in TABLE])
+@pytest.mark.parametrize("dtype,mode", MODES, ids=lambda v: getattr(v, "__name__", v))
+def test_inference_table(name, fn, ref, out_stype, dtype, mode):
+    args = inputs(dtype)
+    out = (jax.jit(fn) if mode == "jit" else fn)(*args)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = ref(*(dense_of(a) for a in args))
+    jsrt.assert_allclose(out, expected, stype=out_stype, dtype=dtype)
+
+
+@pytest.mark.parametrize("name,fn,ref,op", FALLBACK, ids=[t[0] for t in FALLBACK])
+def test_fallback_is_dense_and_warns(name, fn, ref, op, jit_mode):
+    args = inputs()
+    with pytest.warns(jsr.StorageFallbackWarning, match=op) as rec:
+        out = jit_mode(fn)(*args)
+    assert "densified" in str(rec[0].message)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = ref(*(dense_of(a) for a in args))
+    assert jsr.stype(out) == "default"
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, equal_nan=True)
+
+
+def test_dense_only_inputs_stay_plain_jax():
+    x, y = jnp.ones(3), jnp.full(3, 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for op, ref in [(jsr.add, np.add), (jsr.subtract, np.subtract),
+                        (jsr.multiply, np.multiply), (jsr.divide, np.divide)]:
+            np.testing.assert_array_equal(np.asarray(op(x, y)), ref(np.ones(3), 2.0))
+        assert jsr.apply_dense(jnp.exp, x).shape == (3,)  # no sparse input: no warning
+
+
+@pytest.mark.parametrize("name", jsr.ZERO_PRESERVING_UNARY)
+@pytest.mark.parametrize("kind", ["row_sparse", "csr"])
+def test_zero_preserving_unary(name, kind, jit_mode):
+    rng = np.random.default_rng(7)
+    if kind == "row_sparse":
+        x = jsrt.random_rowsparse(rng, (5, 2, 2), n_rows=2, capacity=3)
+    else:
+        x = jsrt.random_csr(rng, (4, 3), density=0.5, nse=9)
+    x = (abs(x) if name == "sqrt" else x) * 0.2  # inside the domain of sqrt, arcsin, ...
+    fn = getattr(jsr, name)
+    out = jit_mode(fn)(x)
+    ref = {"relu": lambda v: np.maximum(v, 0)}.get(name, getattr(np, name, None))
+    jsrt.assert_allclose(out, ref(dense_of(x)), stype=kind, dtype=jnp.float32, rtol=1e-5,
+                         atol=1e-6)
+    assert float(fn(jnp.zeros(()))) == 0.0  # zero-preserving indeed
+    np.testing.assert_allclose(np.asarray(fn(x.todense())), np.asarray(out.todense()),
+                               rtol=1e-6)
+
+
+# -- dtype preservation, padding ----------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtype_preserved_and_mixed_promotes(dtype):
+    r1, r2, c1, c2, d = inputs(dtype)
+    ops = lambda r1, r2, c1, c2, d: [r1 + r2, r1 * r2, r1 * d, r1 + d, c1 + c2, c1 * d,
+                                     r1 * 2.5, c1 / 2, -r1, jsr.square(c1)]
+    for out in jax.eval_shape(ops, r1, r2, c1, c2, d):
+        assert out.dtype == dtype
+    wide = inputs(jnp.float32)[1]
+    outs = jax.eval_shape(lambda a, b: (a + b, a * b, b * a), r1, wide)
+    assert all(o.dtype == jnp.promote_types(dtype, jnp.float32) for o in outs)
+
+
+@pytest.mark.parametrize("scalar", [np.inf, np.nan, 0.0])
+def test_padding_stays_zero_after_nonfinite_scalar(scalar, jit_mode):
+    r1, _, c1, _, _ = inputs()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for x in (r1, c1):
+            for f in (lambda x, s: x * s, lambda x, s: x / s):
+                out = jit_mode(f)(x, jnp.float32(scalar))  # traced scalar under jit
+                pad = np.asarray(out.indices) == x.shape[1 if x.stype == "csr" else 0]
+                assert pad.any() and np.all(np.asarray(out.data)[pad] == 0)
+                expected = f(np.asarray(x.data, np.float64), scalar)
+                np.testing.assert_array_equal(np.asarray(out.data)[~pad], expected[~pad])
+
+
+# -- broadcasting --------------------------------------------------------------------
+@pytest.mark.parametrize("bshape", [(), (D,), (1, D), (N, 1), (N, D)])
+def test_rsp_times_dense_broadcasts(bshape, jit_mode):
+    r1 = inputs()[0]
+    b = jnp.asarray(jsrt.random_dense(np.random.default_rng(3), bshape))
+    out = jit_mode(lambda r, b: (r * b, b * r))(r1, b)
+    jsrt.assert_allclose(out[0], dense_of(r1) * np.asarray(b), stype="row_sparse")
+    jsrt.assert_allclose(out[1], dense_of(r1) * np.asarray(b), stype="row_sparse")
+    if bshape:  # rsp + 0-d array is the `rsp + scalar` fallback, tested above
+        total = jit_mode(lambda r, b: r + b)(r1, b)
+        jsrt.assert_allclose(total, dense_of(r1) + np.asarray(b), stype="default")
+
+
+@pytest.mark.parametrize("bshape", [(N + 1, D), (3,), (2, N, D), (N,)])
+def test_rsp_dense_bad_broadcast(bshape):
+    r1 = inputs()[0]
+    b = jnp.ones(bshape)
+    with pytest.raises(ValueError, match="does not broadcast|sparse results cannot grow"):
+        r1 * b
+    with pytest.raises(ValueError, match="broadcast"):
+        r1 + b
+
+
+def test_sparse_sparse_shape_mismatch():
+    a = jsr.zeros("row_sparse", (3, 2))
+    b = jsr.zeros("row_sparse", (4, 2))
+    with pytest.raises(ValueError, match=r"same shape, got \(3, 2\) and \(4, 2\)"):
+        a + b
+    with pytest.raises(ValueError, match="same shape"):
+        a * b
+    with pytest.raises(ValueError, match="same shape"):
+        jsr.zeros("csr", (3, 2)) + jsr.zeros("csr", (2, 3))
+    with pytest.raises(ValueError, match="does not broadcast to the csr shape"):
+        jsr.zeros("csr", (3, 2)) * jnp.ones((3, 3))
+
+
+# -- properties ------------------------------------------------------------------------
+_union_ops = jax.jit(lambda a, b: (a + b, a - b, a * b))
+
+
+@settings(max_examples=8)
+@given(sst.rowsparse_pair())
+def test_rsp_union_and_intersection(pair):
+    a, b = pair
+    da, db = dense_of(a), dense_of(b)
+    s, d, p = _union_ops(a, b)  # one compilation per example instead of one per primitive
+    jsrt.assert_allclose(s, da + db, stype="row_sparse")
+    jsrt.assert_allclose(d, da - db, stype="row_sparse")
+    jsrt.assert_allclose(p, da * db, stype="row_sparse")
+    rows_a = set(np.asarray(a.indices)[np.asarray(a.row_mask)].tolist())
+    rows_b = set(np.asarray(b.indices)[np.asarray(b.row_mask)].tolist())
+    assert int(s.nnz_rows) == len(rows_a | rows_b) and s.capacity == a.capacity + b.capacity
+    assert int(p.nnz_rows) == len(rows_a & rows_b)
+    assert p.capacity == min(a.capacity, b.capacity)
+
+
+@settings(max_examples=8)
+@given(sst.csr_pair())
+def test_csr_union(pair):
+    a, b = pair
+    s = jax.jit(jsr.add)(a, b)
+    jsrt.assert_allclose(s, dense_of(a) + dense_of(b), stype="csr")
+    assert s.nse == a.nse + b.nse
+
+
+def test_union_under_jit_with_padding_and_k0():
+    f = jax.jit(lambda a, b: (a + b, a * b))
+    rng = np.random.default_rng(11)
+    for ka, kb in [(0, 0), (0, 3), (2, 4)]:
+        a = jsrt.random_rowsparse(rng, (5, 3), n_rows=ka, capacity=ka + 1)
+        b = jsrt.random_rowsparse(rng, (5, 3), n_rows=kb, capacity=kb)
+        s, p = f(a, b)
+        jsrt.assert_allclose(s, dense_of(a) + dense_of(b), stype="row_sparse")
+        jsrt.assert_allclose(p, dense_of(a) * dense_of(b), stype="row_sparse")
+
+
+# -- optax -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_optax_apply_updates_scatter_adds(dtype, jit_mode):
+    rng = np.random.default_rng(5)
+    params = {"emb": jnp.asarray(jsrt.random_dense(rng, (N, D), dtype)), "b": jnp.ones(3, dtype)}
+    upd = jsrt.random_rowsparse(rng, (N, D), n_rows=2, capacity=4, dtype=dtype)
+    updates = {"emb": upd, "b": jnp.full(3, 0.5, dtype)}
+    new = jit_mode(optax.apply_updates)(params, updates)
+    assert jsr.stype(new["emb"]) == "default" and new["emb"].dtype == dtype
+    jsrt.assert_allclose(new["emb"], dense_of(params["emb"]) + dense_of(upd), dtype=dtype)
+    np.testing.assert_array_equal(np.asarray(new["b"], np.float32), np.full(3, 1.5))
+    # float32 updates into bfloat16 params keep the params' dtype
+    new16 = optax.apply_updates(params, {"emb": upd.astype(jnp.float32), "b": updates["b"]})
+    assert new16["emb"].dtype == dtype
