@@ -208,3 +208,13 @@ def test_skip_nonfinite_ignores_padding_slots():
     u, s = opt.update(g, opt.init(w), w)
     assert int(s.skipped) == 0
     np.testing.assert_array_equal(np.asarray(jsr.optim.apply_updates(w, u))[:, 0], [-1, 0, 0])
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_zero_capacity_gradient_changes_no_row(name, jit_mode):
+    opt = OPTS[name]()
+    w = jnp.asarray(np.random.default_rng(90).normal(size=(5, 2)), jnp.float32)
+    g = jsr.RowSparse(jnp.zeros((0, 2)), jnp.zeros((0,), jnp.int32), shape=(5, 2))
+    u, _ = jit_mode(opt.update)(g, opt.init(w), w)
+    assert isinstance(u, jsr.RowSparse) and u.capacity == 0
+    np.testing.assert_array_equal(np.asarray(jsr.optim.apply_updates(w, u)), np.asarray(w))
