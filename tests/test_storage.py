@@ -1,0 +1,141 @@
+"""Storage types: stype, cast_storage between all pairs (eager and under jit),
+zeros, the dense fallback warning and the verbose inference log."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+
+DENSE = np.array([[0.0, 1.5, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, -3.0], [0.0, 0.0, 0.0]])
+
+
+def as_stype(stype, dtype=jnp.float32):
+    x = jnp.asarray(DENSE, dtype)
+    return x if stype == "default" else jsr.cast_storage(x, stype)
+
+
+def test_stype_and_is_sparse():
+    for s in ("default", "row_sparse", "csr"):
+        x = as_stype(s)
+        assert jsr.stype(x) == s and jsr.is_sparse(x) == (s != "default")
+    assert jsr.stype(np.ones(2)) == "default" and jsr.stype(3.0) == "default"
+    assert jsr.todense(jnp.ones(2)).shape == (2,)
+
+
+@pytest.mark.parametrize("src", ["default", "row_sparse", "csr"])
+@pytest.mark.parametrize("dst", ["default", "row_sparse", "csr"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cast_storage_all_pairs(src, dst, dtype, jit_mode):
+    x = as_stype(src, dtype)
+    f = lambda v: jsr.cast_storage(v, dst)
+    g = lambda v: v.tostype(dst) if jsr.is_sparse(v) else jsr.cast_storage(v, dst)
+    traced_dense_to_sparse = src == "default" and dst != "default"
+    if traced_dense_to_sparse and jit_mode(f) is not f:
+        with pytest.raises(ValueError, match="needs a static capacity"):
+            jit_mode(f)(x)
+        return
+    for fn in (f, g):
+        out = jit_mode(fn)(x)
+        jsrt.assert_allclose(out, DENSE, stype=dst, dtype=dtype)
+    if src == dst:
+        assert f(x) is x
+
+
+def test_cast_storage_exact_and_under_jit_keeps_entries():
+    rsp = jsr.cast_storage(jnp.asarray(DENSE), "row_sparse")
+    assert rsp.indices.tolist() == [0, 2]  # exact: only non-zero rows
+    csr = jsr.cast_storage(rsp, "csr")
+    assert csr.nse == 3
+    # under jit every stored entry of the row_sparse input is kept
+    csr_j = jax.jit(lambda r: r.tostype("csr"))(rsp)
+    assert csr_j.nse == rsp.capacity * 3
+    jsrt.assert_allclose(csr_j, DENSE, stype="csr")
+    rsp_j = jax.jit(lambda c: c.tostype("row_sparse"))(csr)
+    jsrt.assert_allclose(rsp_j, DENSE, stype="row_sparse")
+    assert rsp_j.capacity == min(csr.nse, DENSE.shape[0])
+
+
+def test_cast_storage_bad_input():
+    with pytest.raises(ValueError, match=r"`stype` must be one of .*got 'dense'"):
+        jsr.cast_storage(jnp.ones((2, 2)), "dense")
+    with pytest.raises(ValueError, match="only 2-D row_sparse arrays convert to csr"):
+        jsr.cast_storage(jsr.zeros("row_sparse", (2, 2, 2)), "csr")
+    with pytest.raises(ValueError, match="needs a 2-D `x`"):
+        jsr.cast_storage(jnp.ones(3), "csr")
+    with pytest.raises(ValueError, match=r"`stype` must be one of"):
+        jsr.zeros("coo", (2, 2))
+
+
+def test_zeros_default():
+    z = jsr.zeros("default", (2, 3), dtype=jnp.float16)
+    assert isinstance(z, jax.Array) and z.dtype == jnp.float16 and not np.any(np.asarray(z))
+
+
+def test_apply_dense_warns_and_names_the_function(jit_mode):
+    a = jsr.cast_storage(jnp.asarray(DENSE), "row_sparse")
+    with pytest.warns(jsr.StorageFallbackWarning, match=r"^log\(row_sparse\): .*densified"):
+        out = jit_mode(lambda a: jsr.apply_dense(jnp.log, a))(a)
+    assert jsr.stype(out) == "default"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.log(DENSE.astype(np.float32))
+    np.testing.assert_allclose(np.asarray(out), expected)
+    with pytest.warns(jsr.StorageFallbackWarning, match=r"maximum\(row_sparse, default\)"):
+        out = jsr.apply_dense(jnp.maximum, a, 1.0)
+    np.testing.assert_array_equal(np.asarray(out), np.maximum(DENSE, 1.0))
+
+
+def test_verbose_logs_inference_and_fallback(caplog):
+    a = jsr.cast_storage(jnp.asarray(DENSE), "row_sparse")
+    caplog.set_level(logging.INFO, logger="jaxsparse_rows")
+    assert not jsr.is_verbose()
+    _ = a * 2
+    assert not caplog.records  # off by default
+    with jsr.verbose():
+        assert jsr.is_verbose()
+        _ = a * 2
+        _ = a + jnp.ones(DENSE.shape)
+        _ = a.tostype("csr")
+        _ = jax.jit(lambda a: -a)(a)
+        with pytest.warns(jsr.StorageFallbackWarning):
+            jsr.apply_dense(jnp.exp, a)
+    assert not jsr.is_verbose()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[:4] == [
+        "multiply(row_sparse, scalar) -> row_sparse",
+        "add(row_sparse, default) -> default",
+        "cast_storage(row_sparse) -> csr",
+        "negative(row_sparse) -> row_sparse",
+    ]
+    assert messages[4].startswith("fallback: exp(row_sparse)")
+    assert all(r.name == "jaxsparse_rows" for r in caplog.records)
+    jsr.set_verbose(True)
+    try:
+        assert jsr.is_verbose()
+    finally:
+        jsr.set_verbose(False)
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("0", False), ("", False)])
+def test_verbose_env_var_read_at_import(value, expected):
+    code = (
+        "import jax.numpy as jnp, jaxsparse_rows as jsr\n"
+        "print(jsr.is_verbose())\n"
+        "a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))\n"
+        "b = a * 2\n"
+    )
+    env = dict(os.environ, JAXSPARSE_ROWS_VERBOSE=value, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    assert proc.stdout.strip() == str(expected)
+    logged = "[jaxsparse_rows] multiply(row_sparse, scalar) -> row_sparse" in proc.stderr
+    assert logged == expected
