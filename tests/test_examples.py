@@ -1,0 +1,76 @@
+"""Every example runs (`--smoke`, in subprocesses, a few at a time) and prints
+its summary line; every example answers `--help`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NAMES = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
+
+
+def _run(name: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="error")
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=EXAMPLES.parent,
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_runs():
+    """All smoke runs at once (subprocesses overlap their start-up and compiles)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, name, "--smoke") for name in NAMES}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_all_examples_are_listed():
+    assert set(NAMES) >= {
+        "adagrad_semantics",
+        "embedding_model",
+        "linear_classification",
+        "sparse_linear_regression",
+        "svrg_linear_regression",
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_smoke(smoke_runs, name):
+    proc = smoke_runs[name]
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"{name}: "), last  # the one-line summary
+
+
+def test_smoke_outputs_are_meaningful(smoke_runs):
+    out = smoke_runs["sparse_linear_regression"].stdout
+    assert "Epoch 0, MSE = " in out and "Epoch 1, MSE = " in out
+    out = smoke_runs["adagrad_semantics"].stdout
+    assert "AdaGrad: lazy == dense exactly? True" in out
+    assert "Adam: lazy == dense exactly? False" in out
+    out = smoke_runs["svrg_linear_regression"].stdout
+    assert "SGD MSE" in out and "SVRG MSE" in out
+    out = smoke_runs["linear_classification"].stdout
+    assert "Epoch 1, loss = " in out and "accuracy = " in out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_help(name, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    module = importlib.import_module(name)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "--smoke" in capsys.readouterr().out
