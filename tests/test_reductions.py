@@ -1,0 +1,96 @@
+"""Reductions: sum(axis=None|0|1|...), square_sum and norm against numpy, eagerly
+and under jit, over edge shapes and dtypes."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+
+RSP_CASES = [((0, 3), 0, 1), ((1, 2), 1, 1), ((6, 2), 3, 5), ((6, 2), 0, 0), ((5, 2, 3), 2, 3),
+             ((7,), 3, 4)]
+CSR_CASES = [((0, 3), 0), ((4, 5), 0), ((4, 5), 3), ((3, 0), 1)]
+
+
+def make(kind, case, dtype=jnp.float32):
+    rng = np.random.default_rng(0)
+    if kind == "row_sparse":
+        shape, n_rows, cap = case
+        return jsrt.random_rowsparse(rng, shape, n_rows=n_rows, capacity=cap, dtype=dtype)
+    shape, pad = case
+    base = jsrt.random_csr(np.random.default_rng(1), shape, density=0.5, dtype=dtype)
+    return jsrt.random_csr(np.random.default_rng(1), shape, density=0.5, nse=base.nse + pad,
+                           dtype=dtype)
+
+
+CASES = [("row_sparse", c) for c in RSP_CASES] + [("csr", c) for c in CSR_CASES]
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=str)
+def test_sum_all_axes(kind, case, jit_mode):
+    x = make(kind, case)
+    axes = [None] + list(range(x.ndim)) + [-1]
+    f = jit_mode(lambda x: [jsr.sum(x, axis=a, keepdims=k) for a in axes for k in (False, True)])
+    outs = f(x)
+    dense = np.asarray(x).astype(np.float64)
+    expected = [dense.sum(axis=a, keepdims=k) for a in axes for k in (False, True)]
+    for out, exp in zip(outs, expected, strict=True):
+        assert jsr.stype(out) == "default" and out.dtype == x.dtype
+        jsrt.assert_allclose(out, exp)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_sum_keeps_half_dtype(dtype):
+    x = make("row_sparse", ((6, 2), 3, 5), dtype)
+    for a in (None, 0, 1):
+        out = jsr.sum(x, axis=a)
+        assert out.dtype == dtype
+        jsrt.assert_allclose(out, np.asarray(x).astype(np.float64).sum(axis=a))
+
+
+def test_sum_bad_axis():
+    x = make("row_sparse", ((6, 2), 3, 5))
+    with pytest.raises(ValueError, match="`axis` 2 is out of range for a 2-D array"):
+        jsr.sum(x, axis=2)
+    with pytest.raises(TypeError, match=r"`axis` must be None or an int, got \(0, 1\)"):
+        jsr.sum(x, axis=(0, 1))
+    np.testing.assert_array_equal(np.asarray(jsr.sum(jnp.ones((2, 3)), axis=1)), [3, 3])
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=str)
+def test_square_sum(kind, case, jit_mode):
+    x = make(kind, case)
+    dense = np.asarray(x).astype(np.float64)
+    axes = [a for a in (None, 0, 1, -1) if a is None or -x.ndim <= a < x.ndim]
+    for axis in axes:
+        for keepdims in (True, False):
+            out = jit_mode(lambda x, a=axis, k=keepdims: jsr.square_sum(x, axis=a, keepdims=k))(x)
+            sparse_out = kind == "row_sparse" and axis is not None and axis % x.ndim >= 1 \
+                and keepdims
+            jsrt.assert_allclose(out, (dense**2).sum(axis=axis, keepdims=keepdims),
+                                 stype="row_sparse" if sparse_out else "default")
+            if sparse_out:
+                np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
+
+
+def test_square_sum_dense_input():
+    x = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(jsr.square_sum(x)), [[5.0], [50.0]])
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_norm(kind, case, dtype, jit_mode):
+    x = make(kind, case, dtype)
+    out = jit_mode(jsr.norm)(x)
+    assert out.shape == () and out.dtype == dtype
+    jsrt.assert_allclose(out, np.linalg.norm(np.asarray(x).astype(np.float64).ravel()))
+
+
+def test_norm_ignores_padding_and_dense_input():
+    x = jsr.RowSparse._make(jnp.array([[3.0, 4.0], [0.0, 0.0]]), jnp.array([1, 5]), (5, 2))
+    assert float(jsr.norm(x)) == 5.0
+    assert float(jsr.norm(jnp.array([3.0, 4.0]))) == 5.0
