@@ -1,0 +1,83 @@
+"""jsr.check: eager ValueErrors and checkify errors under jit."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+
+
+def rsp(data, idx, shape):
+    return jsr.RowSparse._make(jnp.asarray(data, jnp.float32), jnp.asarray(idx, jnp.int32), shape)
+
+
+def csr(data, idx, ptr, shape):
+    return jsr.CSR._make(jnp.asarray(data, jnp.float32), jnp.asarray(idx, jnp.int32),
+                         jnp.asarray(ptr, jnp.int32), shape)
+
+
+BAD = [
+    (rsp([[1.0], [1.0]], [3, 1], (4, 1)), "must be sorted ascending without duplicates"),
+    (rsp([[1.0], [1.0]], [1, 1], (4, 1)), "must be sorted ascending without duplicates"),
+    (rsp([[0.0], [1.0]], [4, 1], (4, 1)), "padding \\(id N\\) only at the end"),
+    (rsp([[1.0]], [-1], (4, 1)), "must be >= 0"),
+    (rsp([[1.0]], [5], (4, 1)), "must be <= N = 4"),
+    (rsp([[1.0], [2.0]], [1, 4], (4, 1)), "padding slots must hold zero `data`"),
+    (csr([1.0], [0], [1, 1], (1, 2)), r"`indptr\[0\]` must be 0"),
+    (csr([1.0, 1.0], [0, 1], [0, 2, 1], (2, 2)), "must be non-decreasing"),
+    (csr([1.0], [0], [0, 2], (1, 2)), r"`indptr\[-1\]` must not exceed"),
+    (csr([1.0], [3], [0, 1], (1, 2)), r"column ids must lie in \[0, 2\)"),
+    (csr([1.0, 1.0], [1, 0], [0, 2], (1, 2)), "sorted ascending without duplicates in each row"),
+    (csr([1.0, 1.0], [0, 2], [0, 1], (1, 2)), "padding slots must carry column id 2"),
+]
+
+
+@pytest.mark.parametrize("x,match", BAD, ids=[m for _, m in BAD])
+def test_check_rejects_eagerly(x, match):
+    with pytest.raises(ValueError, match=match):
+        jsr.check(x)
+
+
+@pytest.mark.parametrize("x,match", BAD, ids=[m for _, m in BAD])
+def test_check_under_jit_with_checkify(x, match):
+    err, _ = checkify.checkify(jax.jit(jsr.check))(x)
+    with pytest.raises(checkify.JaxRuntimeError, match=match):
+        err.throw()
+
+
+def test_check_accepts_valid_arrays(jit_mode):
+    rng = np.random.default_rng(0)
+    good = [jsrt.random_rowsparse(rng, (6, 2), n_rows=3, capacity=5),
+            jsrt.random_rowsparse(rng, (0, 2), n_rows=0, capacity=2),
+            jsrt.random_rowsparse(rng, (3, 2, 2), n_rows=3),
+            jsr.zeros("row_sparse", (4,)),
+            jsrt.random_csr(rng, (4, 5), density=0.5, nse=15),
+            jsr.zeros("csr", (0, 3))]
+    for x in good:
+        assert jsr.check(x) is None
+        err, _ = checkify.checkify(jax.jit(jsr.check))(x)
+        err.throw()
+
+
+def test_check_inside_a_jitted_function():
+    @jax.jit
+    def step(x):
+        jsr.check(x)
+        return x * 2
+
+    checked = checkify.checkify(step)
+    err, out = checked(jsrt.random_rowsparse(np.random.default_rng(1), (5, 2), n_rows=2))
+    err.throw()
+    err, _ = checked(BAD[0][0])
+    with pytest.raises(checkify.JaxRuntimeError, match="sorted ascending"):
+        err.throw()
+
+
+def test_check_bad_type():
+    with pytest.raises(TypeError, match="`x` must be a RowSparse or CSR, got ArrayImpl"):
+        jsr.check(jnp.ones(2))
