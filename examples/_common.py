@@ -17,6 +17,7 @@ class Progress:
     def __init__(self, total: int, desc: str, every: int | None = None, unit: str = "step"):
         self.total, self.desc, self.done = total, desc, 0
         self.every = every or max(total // 10, 1)
+        self._next = self.every
         self.start = time.perf_counter()
         try:
             from tqdm import tqdm
@@ -32,7 +33,8 @@ class Progress:
             self._bar.update(n)
             if metrics:
                 self._bar.set_postfix_str(text, refresh=False)
-        elif self.done % self.every == 0 or self.done == self.total:
+        elif self.done >= self._next or self.done == self.total:
+            self._next = (self.done // self.every + 1) * self.every
             elapsed = time.perf_counter() - self.start
             print(f"  {self.desc}: {self.done}/{self.total} [{elapsed:.1f}s] {text}", flush=True)
 
