@@ -139,3 +139,25 @@ def test_verbose_env_var_read_at_import(value, expected):
     assert proc.stdout.strip() == str(expected)
     logged = "[jaxsparse_rows] multiply(row_sparse, scalar) -> row_sparse" in proc.stderr
     assert logged == expected
+
+
+def test_docs_storage_page_carries_the_inference_table():
+    import pathlib
+    import re
+
+    from jaxsparse_rows import _elementwise
+
+    doc_rows = []
+    for line in (_elementwise.__doc__ or "").splitlines():
+        m = re.match(r"^(\S.*?)\s{2,}(\S.*)$", line)
+        if m and not line.startswith("=") and m.group(1) != "expression":
+            doc_rows.append((m.group(1).replace("``", "`"), m.group(2)))
+    assert len(doc_rows) == 12
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "storage.md"
+    text = page.read_text()
+    md_rows = re.findall(r"^\| (.+?) \| (.+?) \|$", text, flags=re.M)
+    for row in doc_rows:
+        assert row in md_rows, row
+    section = text.split("### Zero-preserving unary functions", 1)[1].split("##", 1)[0]
+    for name in jsr.ZERO_PRESERVING_UNARY:
+        assert f"`{name}`" in section or f"`jsr.{name}`" in section, name
