@@ -359,3 +359,20 @@ def test_libsvmiter_errors_name_the_right_line(tmp_path):
         LibSVMIter(path, 4, num_features=6, zero_based="auto")
     with pytest.raises(FileNotFoundError):
         LibSVMIter(tmp_path / "missing.svm", 4, num_features=6)
+
+
+def test_chunked_parse_matches_whole_file(tmp_path, rng):
+    from jaxsparse_rows.io._libsvm import parse_libsvm_bytes, parse_libsvm_file
+
+    dense = random_csr_np(rng, 40, 30, 0.2)
+    path = tmp_path / "chunks.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), rng.integers(0, 5, 40))
+    path.write_text("# header\n\n" + path.read_text().replace("\n", "  # c\n", 3))
+    whole = parse_libsvm_bytes(path.read_bytes(), path)
+    for chunk in (7, 100, 1 << 20):
+        parts = parse_libsvm_file(path, chunk)
+        for a, b in zip(parts, whole, strict=True):
+            np.testing.assert_array_equal(a, b)
+    path.write_text(path.read_text() + "1 3:4 3:5\n")
+    with pytest.raises(ValueError, match=r"line 43: feature id 3 appears twice"):
+        parse_libsvm_file(path, 50)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._csr import CSR
 from .._util import check_static_int, index_dtype
-from ._libsvm import Parsed, check_num_features, parse_libsvm_bytes, shift_ids
+from ._libsvm import Parsed, check_num_features, parse_libsvm_bytes, read_chunks, shift_ids
 
 _LAST_BATCH = ("discard", "pad", "roll_over")
 
@@ -255,7 +255,7 @@ class LibSVMIter(_Batcher):
       dtype: dtype of the data and the labels.
       last_batch: ``"pad"`` (default), ``"discard"`` or ``"roll_over"``.
       nnz_buckets, min_nnz: as in :class:`CSRIter`.
-      chunk_bytes: bytes read per chunk (default 16 MiB).
+      chunk_bytes: bytes read per chunk (default 4 MiB).
 
     Example:
       >>> import pathlib, tempfile, jaxsparse_rows as jsr
@@ -276,7 +276,7 @@ class LibSVMIter(_Batcher):
         last_batch: str = "pad",
         nnz_buckets: Sequence[int] | None = None,
         min_nnz: int = 16,
-        chunk_bytes: int = 16 << 20,
+        chunk_bytes: int = 4 << 20,
     ):
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
@@ -296,25 +296,8 @@ class LibSVMIter(_Batcher):
         self._carry = None
 
     def _blocks(self) -> Iterator[_Rows]:
-        line = 1
-        tail = b""
-        with open(self.path, "rb") as f:
-            while True:
-                chunk = f.read(self.chunk_bytes)
-                text = tail + chunk
-                if not chunk:
-                    tail = b""
-                else:
-                    cut = text.rfind(b"\n") + 1
-                    if cut == 0:  # a line longer than the chunk: keep reading
-                        tail = text
-                        continue
-                    text, tail = text[:cut], text[cut:]
-                if text:
-                    yield self._parse(text, line)
-                    line += text.count(b"\n")
-                if not chunk:
-                    return
+        for text, line in read_chunks(self.path, self.chunk_bytes):
+            yield self._parse(text, line)
 
     def _parse(self, text: bytes, line: int) -> _Rows:
         parsed: Parsed = parse_libsvm_bytes(text, self.path, first_line=line)

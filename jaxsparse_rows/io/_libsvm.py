@@ -12,6 +12,7 @@ error message.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -196,6 +197,45 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     return Parsed(labels, indptr, ids, values, row_lines)
 
 
+def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Whole-line pieces of a file (about ``chunk_bytes`` each) and the line
+    number of each piece's first line."""
+    line, tail = 1, b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            text = tail + chunk
+            if chunk:
+                cut = text.rfind(b"\n") + 1
+                if cut == 0:  # a line longer than the chunk: keep reading
+                    tail = text
+                    continue
+                text, tail = text[:cut], text[cut:]
+            if text:
+                yield text, line
+                line += text.count(b"\n")
+            if not chunk:
+                return
+
+
+def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20) -> Parsed:
+    """Parses a whole file chunk by chunk (bounded temporaries), then joins."""
+    parts = [parse_libsvm_bytes(text, path, line) for text, line in read_chunks(path, chunk_bytes)]
+    if not parts:
+        return parse_libsvm_bytes(b"", path)
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [int(p.indptr[-1]) for p in parts[:-1]])
+    indptr = np.concatenate([[0]] + [p.indptr[1:] + o for p, o in zip(parts, offsets, strict=True)])
+    return Parsed(
+        np.concatenate([p.labels for p in parts]),
+        indptr,
+        np.concatenate([p.ids for p in parts]),
+        np.concatenate([p.values for p in parts]),
+        np.concatenate([p.row_lines for p in parts]),
+    )
+
+
 def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
     """File ids -> 0-based column ids; one-based files must not use id 0."""
     if zero_based:
@@ -260,9 +300,7 @@ def load_libsvm(
     """
     if zero_based not in (True, False, "auto"):
         raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
-    with open(path, "rb") as f:
-        raw = f.read()
-    parsed = parse_libsvm_bytes(raw, path)
+    parsed = parse_libsvm_file(path)
     if zero_based == "auto":
         zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
     cols = shift_ids(parsed, bool(zero_based), path)
