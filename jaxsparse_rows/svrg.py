@@ -64,9 +64,9 @@ class SVRGState(NamedTuple):
 
 # -- the full gradient -----------------------------------------------------------
 def _zeros_for(g: Any) -> jax.Array:
-    if _is_rsp(g):
-        return jnp.zeros(g.shape, g.dtype)
-    return jnp.zeros_like(g)
+    """A dense accumulator for ``g``, at least float32 (bf16 sums drift)."""
+    dtype = jnp.promote_types(g.dtype, jnp.float32)
+    return jnp.zeros(g.shape, dtype)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -112,17 +112,18 @@ def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
       Array(11.5, dtype=float32)
     """
     gfn = grad_fn if hasattr(grad_fn, "lower") else jax.jit(grad_fn)  # jit once
-    acc, total = None, jnp.zeros((), jnp.float32)
+    acc, total, dtypes = None, jnp.zeros((), jnp.float32), None
     for batch in batches:
         grads = gfn(params, batch)
         if acc is None:
             acc = jax.tree.map(_zeros_for, grads, is_leaf=_is_rsp)
+            dtypes = jax.tree.map(lambda g: g.dtype, grads, is_leaf=_is_rsp)
         weight = _batch_weight(batch)
         acc = _accumulate(acc, grads, weight)
         total = total + weight
     if acc is None:
         raise ValueError("`batches` yielded no batch: the full gradient needs at least one.")
-    return jax.tree.map(lambda a: (a / total).astype(a.dtype), acc)
+    return jax.tree.map(lambda a, dt: (a / total).astype(dt), acc, dtypes)
 
 
 # -- the corrected gradient --------------------------------------------------------

@@ -171,3 +171,12 @@ def _sgd_update(params, state, batch, opt):
     g = grad_fn(params, batch)
     updates, state = opt.update(g, state, params)
     return jsr.optim.apply_updates(params, updates), state
+
+
+def test_full_gradient_keeps_dtype_and_sums_in_float32():
+    grad_fn = jax.grad(lambda w, b: jnp.mean((w - b) ** 2))
+    batches = [jnp.full((3,), v, jnp.bfloat16) for v in np.linspace(0.0, 1.0, 200)]
+    mu = jsr.svrg.full_gradient(grad_fn, jnp.zeros((3,), jnp.bfloat16), batches)
+    assert mu.dtype == jnp.bfloat16
+    want = -2.0 * np.mean([float(b[0]) for b in batches])
+    np.testing.assert_allclose(np.asarray(mu, np.float32), want, rtol=1e-2)
