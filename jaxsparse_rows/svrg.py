@@ -55,6 +55,12 @@ class SVRGState(NamedTuple):
       full_grad: ``mu``, the mean full-data gradient at ``snapshot`` (dense
         leaves: summed over all batches, it touches every row in general).
       opt_state: the inner optax optimizer's state.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, jaxsparse_rows as jsr
+      >>> state = jsr.svrg.init({"w": jnp.ones(2)}, optax.sgd(0.1))
+      >>> state.snapshot, state.full_grad
+      ({'w': Array([1., 1.], dtype=float32)}, {'w': Array([0., 0.], dtype=float32)})
     """
 
     snapshot: Any

@@ -28,6 +28,15 @@ class Batch(NamedTuple):
       y: ``[batch_size, ...]`` labels; rows past ``num_rows`` are zero.
       num_rows: int32 scalar, the number of real rows (``< batch_size`` only
         for a padded last batch). It is an array, so it does not recompile.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, numpy as np
+      >>> x = jsr.csr_matrix(np.eye(3, dtype=np.float32))
+      >>> b = list(jsr.io.CSRIter(x, np.array([1., 2., 3.]), batch_size=2))[-1]
+      >>> b.x, b.y
+      (CSR(float32[2, 3], nnz=1, nse=16), Array([3., 0.], dtype=float32))
+      >>> b.num_rows, b.mask
+      (Array(1, dtype=int32), Array([ True, False], dtype=bool))
     """
 
     x: CSR
