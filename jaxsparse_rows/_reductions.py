@@ -32,8 +32,10 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
     Example:
       >>> import jaxsparse_rows as jsr
       >>> a = jsr.row_sparse_array(([[1., 2.], [3., 4.]], [0, 2]), shape=(3, 2))
-      >>> jsr.sum(a), jsr.sum(a, axis=0), jsr.sum(a, axis=1)
-      (Array(10., dtype=float32), Array([4., 6.], dtype=float32), Array([3., 0., 7.], dtype=float32))
+      >>> jsr.sum(a), jsr.sum(a, axis=0)
+      (Array(10., dtype=float32), Array([4., 6.], dtype=float32))
+      >>> jsr.sum(a, axis=1)
+      Array([3., 0., 7.], dtype=float32)
     """
     if not is_sparse(x):
         return jnp.sum(x, axis=axis, keepdims=keepdims)
