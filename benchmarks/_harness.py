@@ -527,15 +527,13 @@ def sweep_table(title: str, column: str, rows: list[tuple[Any, dict[str, Result]
                 out.setdefault(n, {})[str(size)] = r.median * 1e3
         print(f"| {size:>10} | " + " | ".join(f"{c:>22}" for c in cells) + " |")
     growth = {}
+    spans = []
     for n, by_size in out.items():
-        vals = list(by_size.values())
-        if len(vals) >= 2:
-            growth[n] = vals[-1] / vals[0]
-    if growth:
-        first, last = rows[0][0], rows[-1][0]
-        print(
-            f"growth from {column}={first} to {column}={last}: "
-            + ", ".join(f"{n} {g:.2f}x" for n, g in growth.items())
-        )
+        sizes = list(by_size)
+        if len(sizes) >= 2:
+            growth[n] = by_size[sizes[-1]] / by_size[sizes[0]]
+            spans.append(f"{n} {growth[n]:.2f}x ({column} {sizes[0]} -> {sizes[-1]})")
+    if spans:
+        print("growth: " + "; ".join(spans))
     sys.stdout.flush()
     return {"ms": out, "growth": growth}
