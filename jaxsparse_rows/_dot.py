@@ -55,8 +55,9 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     anything else                                dense, StorageFallbackWarning
     ===========================================  ==========================
 
-    ``rhs`` may be 1-D (a vector) where it is dense. No ``[K, P]`` dense
-    temporary is built for the row-sparse results, and gradients with respect
+    ``rhs`` may be 1-D (a vector) where it is dense. The transposed product of
+    a csr has ``min(nse, K)`` row slots, which can never overflow. No ``[K, P]``
+    dense temporary is built for the row-sparse results, and gradients with respect
     to the dense operand or to a RowSparse operand's ``data`` stay as small.
 
     Example:
@@ -142,5 +143,6 @@ def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
     rows = _csr_rhs_rows(rhs, lhs.row_ids()).astype(dtype)
     contrib = _rows_times(rows, lhs.data.astype(dtype))
-    idx, data, _ = coalesce_rows(lhs.indices, contrib, k, lhs.nse)
+    # At most min(nse, K) distinct columns can occur, so this capacity never overflows.
+    idx, data, _ = coalesce_rows(lhs.indices, contrib, k, min(lhs.nse, k))
     return RowSparse._make(data, idx, (k,) + tuple(rhs.shape[1:]))
