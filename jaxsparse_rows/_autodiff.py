@@ -114,4 +114,3 @@ def grad(
         return (g, value[1]) if has_aux else g
 
     return wrapped
-

@@ -21,15 +21,21 @@ def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
     ]
     if x.capacity > 1:
         real_next = idx[1:] < n
-        conds.append((
-            jnp.all(jnp.where(real_next, idx[1:] > idx[:-1], True)),
-            "RowSparse `indices` must be sorted ascending without duplicates, with padding "
-            "(id N) only at the end.",
-        ))
+        conds.append(
+            (
+                jnp.all(jnp.where(real_next, idx[1:] > idx[:-1], True)),
+                "RowSparse `indices` must be sorted ascending without duplicates, with padding "
+                "(id N) only at the end.",
+            )
+        )
     pad = idx >= n
     pad_mask = pad.reshape(pad.shape + (1,) * (x.ndim - 1))
-    conds.append((jnp.all(jnp.where(pad_mask, x.data == 0, True)),
-                  "RowSparse padding slots must hold zero `data`."))
+    conds.append(
+        (
+            jnp.all(jnp.where(pad_mask, x.data == 0, True)),
+            "RowSparse padding slots must hold zero `data`.",
+        )
+    )
     return conds
 
 
@@ -42,15 +48,23 @@ def _csr_conditions(x: CSR) -> list[tuple[Any, str]]:
         (ptr[0] == 0, "CSR `indptr[0]` must be 0."),
         (jnp.all(ptr[1:] >= ptr[:-1]), "CSR `indptr` must be non-decreasing."),
         (ptr[-1] <= x.nse, "CSR `indptr[-1]` must not exceed the capacity nse."),
-        (jnp.all(jnp.where(real, (x.indices >= 0) & (x.indices < n), True)),
-         f"CSR column ids must lie in [0, {n})."),
-        (jnp.all(jnp.where(real, True, (x.indices == n) & (x.data == 0))),
-         f"CSR padding slots must carry column id {n} and zero `data`."),
+        (
+            jnp.all(jnp.where(real, (x.indices >= 0) & (x.indices < n), True)),
+            f"CSR column ids must lie in [0, {n}).",
+        ),
+        (
+            jnp.all(jnp.where(real, True, (x.indices == n) & (x.data == 0))),
+            f"CSR padding slots must carry column id {n} and zero `data`.",
+        ),
     ]
     if x.nse > 1:
         same_row = (rows[1:] == rows[:-1]) & real[1:]
-        conds.append((jnp.all(jnp.where(same_row, x.indices[1:] > x.indices[:-1], True)),
-                      "CSR column ids must be sorted ascending without duplicates in each row."))
+        conds.append(
+            (
+                jnp.all(jnp.where(same_row, x.indices[1:] > x.indices[:-1], True)),
+                "CSR column ids must be sorted ascending without duplicates in each row.",
+            )
+        )
     return conds
 
 

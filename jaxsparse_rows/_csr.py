@@ -321,7 +321,9 @@ class CSR:
             )
         if x.size == 0:  # nothing to store; XLA rejects a gather from an empty array
             return cls._make(
-                jnp.zeros((nse,), x.dtype), jnp.full((nse,), n, idt), jnp.zeros((m + 1,), idt),
+                jnp.zeros((nse,), x.dtype),
+                jnp.full((nse,), n, idt),
+                jnp.zeros((m + 1,), idt),
                 (m, n),
             )
         mask = x != 0
@@ -402,9 +404,7 @@ class CSR:
         return dot(other, self)
 
 
-def csr_matrix(
-    arg: Any, shape: Sequence[int] | None = None, dtype: Any = None
-) -> CSR:
+def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> CSR:
     """Creates a CSR matrix, MXNet / scipy style.
 
     ``arg`` is ``(data, indices, indptr)``, a dense 2-D array-like, a CSR, or a
@@ -456,8 +456,11 @@ def csr_matrix(
     if ip.shape[0] != shape[0] + 1 or ip[0] != 0 or np.any(np.diff(ip) < 0):
         return CSR(data, indices, indptr, shape)  # the strict constructor explains
     nnz = int(ip[-1])
-    if data.ndim != 1 or indices.ndim != 1 or data.shape[0] != indices.shape[0] or nnz > len(
-        indices
+    if (
+        data.ndim != 1
+        or indices.ndim != 1
+        or data.shape[0] != indices.shape[0]
+        or nnz > len(indices)
     ):
         return CSR(data, indices, indptr, shape)
     cols = np.asarray(indices)[:nnz].astype(np.int64)

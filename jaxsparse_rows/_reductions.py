@@ -53,8 +53,7 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
     if axis == 0:
         out = jnp.zeros((x.shape[1],), x.dtype).at[x.indices].add(x.data, mode="drop")
         return out[None] if keepdims else out
-    out = jax.ops.segment_sum(x.data, x.row_ids(), num_segments=x.shape[0],
-                              indices_are_sorted=True)
+    out = jax.ops.segment_sum(x.data, x.row_ids(), num_segments=x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out
 
 

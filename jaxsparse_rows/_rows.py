@@ -93,9 +93,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     if n == 0:
         data = jnp.zeros((cap,) + tuple(table.shape[1:]), table.dtype)
     else:
-        data = table.at[uniq].get(
-            mode="fill", fill_value=0, indices_are_sorted=True
-        )
+        data = table.at[uniq].get(mode="fill", fill_value=0, indices_are_sorted=True)
     return RowSparse._make(data, uniq, table.shape)
 
 

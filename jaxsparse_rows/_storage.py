@@ -66,9 +66,7 @@ def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
     if stype == "row_sparse":
         if len(shape) < 1:
             raise ValueError("`shape` must have at least one dimension for row_sparse, got ().")
-        return RowSparse._make(
-            jnp.zeros((0,) + shape[1:], dtype), jnp.zeros((0,), idt), shape
-        )
+        return RowSparse._make(jnp.zeros((0,) + shape[1:], dtype), jnp.zeros((0,), idt), shape)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D for csr, got {shape}.")
     return CSR._make(
@@ -136,8 +134,10 @@ def cast_storage(x: Any, stype: str) -> Any:
     if src == "default":
         x = jnp.asarray(x)
         if not is_concrete(x):
-            target = "RowSparse.fromdense(x, max_rows=...)" if stype == "row_sparse" else (
-                "CSR.fromdense(x, nse=...)"
+            target = (
+                "RowSparse.fromdense(x, max_rows=...)"
+                if stype == "row_sparse"
+                else ("CSR.fromdense(x, nse=...)")
             )
             raise ValueError(
                 f"cast_storage of a traced dense array to {stype!r} needs a static capacity; "

@@ -42,18 +42,19 @@ def test_embedding_grad_equals_dense_restricted(jit_mode, rng, size_extra):
         return jsr.value_and_grad(_embed_loss, argnums=(0, 1))(rows, w, ids, y)
 
     (loss, (g_rows, g_w)) = jit_mode(sparse_step)(table, w, ids, y)
-    loss_ref, (g_table, g_w_ref) = jax.value_and_grad(_embed_loss, argnums=(0, 1))(
-        table, w, ids, y)
+    loss_ref, (g_table, g_w_ref) = jax.value_and_grad(_embed_loss, argnums=(0, 1))(table, w, ids, y)
     np.testing.assert_allclose(loss, loss_ref, rtol=1e-6)
     np.testing.assert_allclose(g_w, g_w_ref, rtol=1e-5, atol=1e-6)
     assert isinstance(g_rows, jsr.RowSparse) and g_rows.shape == (v, d)
     assert g_rows.capacity == n_unique + size_extra
     pulled = jsr.pull_rows(table, ids, size=g_rows.capacity)
     np.testing.assert_array_equal(np.asarray(g_rows.indices), np.asarray(pulled.indices))
-    np.testing.assert_allclose(np.asarray(g_rows.data),
-                               _restrict(g_table, g_rows.indices, v), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(g_rows.todense()), np.asarray(g_table),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(g_rows.data), _restrict(g_table, g_rows.indices, v), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        np.asarray(g_rows.todense()), np.asarray(g_table), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_padding_rows_get_zero_gradient_even_if_read():
@@ -69,9 +70,12 @@ def test_csr_batch_gradient(jit_mode, rng):
     m, v, p = 4, 30, 3
     dense_x = (rng.standard_normal((m, v)) * (rng.random((m, v)) < 0.15)).astype(np.float32)
     x = jsr.CSR.fromdense(jnp.asarray(dense_x))
-    x = jsr.CSR._make(jnp.concatenate([x.data, jnp.zeros(2)]),
-                      jnp.concatenate([x.indices, jnp.full(2, v, x.indices.dtype)]),
-                      x.indptr, x.shape)  # padded capacity, as fixed-shape batches have
+    x = jsr.CSR._make(
+        jnp.concatenate([x.data, jnp.zeros(2)]),
+        jnp.concatenate([x.indices, jnp.full(2, v, x.indices.dtype)]),
+        x.indptr,
+        x.shape,
+    )  # padded capacity, as fixed-shape batches have
     w = jnp.asarray(rng.standard_normal((v, p)).astype(np.float32))
     y = jnp.asarray(rng.standard_normal((m, p)).astype(np.float32))
 
@@ -116,8 +120,7 @@ def test_two_layer_model_and_pytree_args(jit_mode, rng):
     assert set(g) == {"emb", "w1", "w2"} and isinstance(g["emb"], jsr.RowSparse)
     for name in ("w1", "w2"):
         np.testing.assert_allclose(g[name], g_ref[name], rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(g["emb"].todense()), g_ref["emb"], rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(g["emb"].todense()), g_ref["emb"], rtol=1e-4, atol=1e-6)
 
 
 def test_grad_wrapper_and_has_aux(jit_mode):
@@ -150,8 +153,9 @@ def test_numeric_gradient_check(rng):
 
     jax.test_util.check_grads(on_data, (rows.data,), order=2, modes=["rev"], atol=1e-2, rtol=1e-2)
     g = jsr.grad(lambda r: on_data(r.data))(rows)
-    np.testing.assert_allclose(np.asarray(g.data)[:3], np.asarray(jax.grad(on_data)(rows.data))[:3],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(g.data)[:3], np.asarray(jax.grad(on_data)(rows.data))[:3], rtol=1e-6
+    )
 
 
 def test_bad_argnums():

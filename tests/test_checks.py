@@ -17,8 +17,12 @@ def rsp(data, idx, shape):
 
 
 def csr(data, idx, ptr, shape):
-    return jsr.CSR._make(jnp.asarray(data, jnp.float32), jnp.asarray(idx, jnp.int32),
-                         jnp.asarray(ptr, jnp.int32), shape)
+    return jsr.CSR._make(
+        jnp.asarray(data, jnp.float32),
+        jnp.asarray(idx, jnp.int32),
+        jnp.asarray(ptr, jnp.int32),
+        shape,
+    )
 
 
 BAD = [
@@ -52,12 +56,14 @@ def test_check_under_jit_with_checkify(x, match):
 
 def test_check_accepts_valid_arrays(jit_mode):
     rng = np.random.default_rng(0)
-    good = [jsrt.random_rowsparse(rng, (6, 2), n_rows=3, capacity=5),
-            jsrt.random_rowsparse(rng, (0, 2), n_rows=0, capacity=2),
-            jsrt.random_rowsparse(rng, (3, 2, 2), n_rows=3),
-            jsr.zeros("row_sparse", (4,)),
-            jsrt.random_csr(rng, (4, 5), density=0.5, nse=15),
-            jsr.zeros("csr", (0, 3))]
+    good = [
+        jsrt.random_rowsparse(rng, (6, 2), n_rows=3, capacity=5),
+        jsrt.random_rowsparse(rng, (0, 2), n_rows=0, capacity=2),
+        jsrt.random_rowsparse(rng, (3, 2, 2), n_rows=3),
+        jsr.zeros("row_sparse", (4,)),
+        jsrt.random_csr(rng, (4, 5), density=0.5, nse=15),
+        jsr.zeros("csr", (0, 3)),
+    ]
     for x in good:
         assert jsr.check(x) is None
         err, _ = checkify.checkify(jax.jit(jsr.check))(x)

@@ -21,8 +21,15 @@ from tests import strategies as sst
 DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16]
 
 # (shape, density, extra padding slots)
-SHAPES = [((0, 3), 0.5, 0), ((3, 0), 0.5, 2), ((1, 1), 1.0, 0), ((4, 5), 0.0, 0),
-          ((4, 5), 0.4, 0), ((4, 5), 0.4, 3), ((6, 2), 1.0, 1)]
+SHAPES = [
+    ((0, 3), 0.5, 0),
+    ((3, 0), 0.5, 2),
+    ((1, 1), 1.0, 0),
+    ((4, 5), 0.0, 0),
+    ((4, 5), 0.4, 0),
+    ((4, 5), 0.4, 3),
+    ((6, 2), 1.0, 1),
+]
 
 
 def oracle(x: jsr.CSR) -> np.ndarray:
@@ -39,8 +46,9 @@ def make(shape, density, pad, dtype=np.float32, seed=0):
     base = jsrt.random_csr(np.random.default_rng(seed), shape, density=density, dtype=dtype)
     if not pad:
         return base
-    return jsrt.random_csr(np.random.default_rng(seed), shape, density=density,
-                           nse=base.nse + pad, dtype=dtype)
+    return jsrt.random_csr(
+        np.random.default_rng(seed), shape, density=density, nse=base.nse + pad, dtype=dtype
+    )
 
 
 @pytest.mark.parametrize("shape,density,pad", SHAPES)
@@ -76,9 +84,7 @@ def test_float64_under_x64():
 def test_csr_matrix_seed_example():
     x = jsr.csr_matrix(([7, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
     assert x.dtype == jnp.float32  # Python lists default to float32
-    np.testing.assert_array_equal(
-        x.asnumpy(), [[7, 0, 8, 0, 0], [0, 0, 0, 0, 0], [0, 9, 0, 0, 0]]
-    )
+    np.testing.assert_array_equal(x.asnumpy(), [[7, 0, 8, 0, 0], [0, 0, 0, 0, 0], [0, 9, 0, 0, 0]])
 
 
 def test_csr_matrix_other_inputs():
@@ -123,9 +129,7 @@ def test_csr_matrix_canonicalises(case):
 
 
 def test_csr_matrix_drops_given_padding_and_sums_duplicates_in_half():
-    x = jsr.csr_matrix(
-        (np.array([1, 2, 3, 0], np.float16), [2, 0, 2, 4], [0, 3, 3]), shape=(2, 4)
-    )
+    x = jsr.csr_matrix((np.array([1, 2, 3, 0], np.float16), [2, 0, 2, 4], [0, 3, 3]), shape=(2, 4))
     assert x.dtype == jnp.float16 and x.nse == 2
     assert x.data.tolist() == [2.0, 4.0] and x.indices.tolist() == [0, 2]
 
@@ -178,8 +182,12 @@ def test_csr_matrix_rejects(args, kwargs, exc, match):
 
 
 # -- fromdense ------------------------------------------------------------------
-DENSE = [np.zeros((0, 3)), np.zeros((3, 0)), np.zeros((2, 3)),
-         np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0], [0.0, 0.0, 0.0], [4.0, 0.0, 0.0]])]
+DENSE = [
+    np.zeros((0, 3)),
+    np.zeros((3, 0)),
+    np.zeros((2, 3)),
+    np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0], [0.0, 0.0, 0.0], [4.0, 0.0, 0.0]]),
+]
 
 
 @pytest.mark.parametrize("dense", DENSE, ids=lambda d: str(d.shape))
@@ -231,8 +239,17 @@ def test_fromdense_roundtrip_property(x):
 
 
 # -- slicing ----------------------------------------------------------------------
-SLICES = [slice(0, 2), slice(1, 3), slice(2, 2), slice(None), slice(-2, None), slice(3, 1),
-          slice(0, 100), 1, -1]
+SLICES = [
+    slice(0, 2),
+    slice(1, 3),
+    slice(2, 2),
+    slice(None),
+    slice(-2, None),
+    slice(3, 1),
+    slice(0, 100),
+    1,
+    -1,
+]
 
 
 @pytest.mark.parametrize("key", SLICES, ids=str)

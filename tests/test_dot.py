@@ -42,8 +42,9 @@ def _random_rsp(rng, n, d, rows, pad=0, dtype=np.float32):
 
 def _close(a, b, dtype=np.float32):
     tol = {np.float32: 1e-5, np.float16: 2e-2}.get(dtype, 1e-5)
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol, atol=tol
+    )
 
 
 def test_seed_transpose_dot(jit_mode):
@@ -59,8 +60,10 @@ def test_seed_transpose_dot(jit_mode):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("m,k,p,pad", [(5, 7, 3, 0), (5, 7, 3, 4), (1, 1, 1, 0), (0, 4, 2, 0),
-                                       (4, 0, 2, 0), (6, 9, 1, 2)])
+@pytest.mark.parametrize(
+    "m,k,p,pad",
+    [(5, 7, 3, 0), (5, 7, 3, 4), (1, 1, 1, 0), (0, 4, 2, 0), (4, 0, 2, 0), (6, 9, 1, 2)],
+)
 def test_csr_dense(jit_mode, rng, dtype, m, k, p, pad):
     x, dense = _random_csr(rng, m, k, pad=pad, dtype=dtype)
     y = rng.standard_normal((k, p)).astype(dtype)
@@ -172,8 +175,12 @@ def test_sparse_rhs_transpose_b_falls_back(rng):
     "lhs,rhs,kw,match",
     [
         (jsr.zeros("csr", (3, 5)), jnp.ones((4, 2)), {}, r"inner dimensions differ.*5 != 4"),
-        (jsr.zeros("csr", (3, 5)), jnp.ones((5, 2)), {"transpose_a": True},
-         r"lhs \(transposed\) has shape \(5, 3\).*3 != 5"),
+        (
+            jsr.zeros("csr", (3, 5)),
+            jnp.ones((5, 2)),
+            {"transpose_a": True},
+            r"lhs \(transposed\) has shape \(5, 3\).*3 != 5",
+        ),
         (jsr.zeros("row_sparse", (3, 5)), jnp.ones((2, 5)), {}, "inner dimensions differ"),
         (jnp.ones((2, 2, 2)), jnp.ones((2, 2)), {}, "`lhs` must be 1-D or 2-D"),
         (jsr.zeros("csr", (3, 5)), jnp.ones((5, 2, 2)), {}, "`rhs` must be 1-D or 2-D"),
@@ -185,8 +192,12 @@ def test_shape_errors(lhs, rhs, kw, match):
 
 
 @given(
-    m=st.integers(0, 6), k=st.integers(1, 8), p=st.integers(1, 3),
-    density=st.floats(0, 1), pad=st.integers(0, 3), seed=st.integers(0, 2**16),
+    m=st.integers(0, 6),
+    k=st.integers(1, 8),
+    p=st.integers(1, 3),
+    density=st.floats(0, 1),
+    pad=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
 )
 def test_csr_products_property(m, k, p, density, pad, seed):
     rng = np.random.default_rng(seed)
@@ -194,7 +205,8 @@ def test_csr_products_property(m, k, p, density, pad, seed):
     y = rng.standard_normal((k, p)).astype(np.float32)
     yt = rng.standard_normal((m, p)).astype(np.float32)
     fwd, bwd = jax.jit(lambda a, b, c: (jsr.dot(a, b), jsr.dot(a, c, transpose_a=True)))(
-        x, jnp.asarray(y), jnp.asarray(yt))
+        x, jnp.asarray(y), jnp.asarray(yt)
+    )
     _close(fwd, dense @ y)
     _close(bwd.todense(), dense.T @ yt)
 
@@ -206,8 +218,9 @@ def test_dense_gradients_through_dot(rng):
     g = jax.grad(lambda b: jnp.sum(jsr.dot(x, b) ** 2))(y)
     g_ref = jax.grad(lambda b: jnp.sum((jnp.asarray(dense) @ b) ** 2))(y)
     _close(g, g_ref)
-    jax.test_util.check_grads(lambda b: jsr.dot(x, b), (y,), order=1, modes=["rev"],
-                              atol=1e-2, rtol=1e-2)
+    jax.test_util.check_grads(
+        lambda b: jsr.dot(x, b), (y,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2
+    )
 
 
 def test_vmap_over_dense_operand(rng):

@@ -57,8 +57,12 @@ TABLE = [
     ("csr * scalar", lambda r, s, c, t, d: c * 3, lambda r, s, c, t, d: c * 3, "csr"),
     ("csr / scalar", lambda r, s, c, t, d: c / 4, lambda r, s, c, t, d: c / 4, "csr"),
     ("-csr", lambda r, s, c, t, d: -c, lambda r, s, c, t, d: -c, "csr"),
-    ("sqrt(|csr|)", lambda r, s, c, t, d: jsr.sqrt(abs(c)),
-     lambda r, s, c, t, d: np.sqrt(abs(c)), "csr"),
+    (
+        "sqrt(|csr|)",
+        lambda r, s, c, t, d: jsr.sqrt(abs(c)),
+        lambda r, s, c, t, d: np.sqrt(abs(c)),
+        "csr",
+    ),
     ("csr + csr", lambda r, s, c, t, d: c + t, lambda r, s, c, t, d: c + t, "csr"),
     ("csr - csr", lambda r, s, c, t, d: c - t, lambda r, s, c, t, d: c - t, "csr"),
     ("csr * dense", lambda r, s, c, t, d: c * d, lambda r, s, c, t, d: c * d, "csr"),
@@ -76,16 +80,24 @@ FALLBACK = [
     ("rsp * csr", lambda r, s, c, t, d: r * c, lambda r, s, c, t, d: r * c, "multiply"),
     ("rsp + csr", lambda r, s, c, t, d: r + c, lambda r, s, c, t, d: r + c, "add"),
     ("csr * csr", lambda r, s, c, t, d: c * t, lambda r, s, c, t, d: c * t, "multiply"),
-    ("rsp ** -1", lambda r, s, c, t, d: r ** -1.0, lambda r, s, c, t, d: r ** -1.0, "power"),
-    ("log(rsp)", lambda r, s, c, t, d: jsr.apply_dense(jnp.log, r),
-     lambda r, s, c, t, d: np.log(r), "log"),
+    ("rsp ** -1", lambda r, s, c, t, d: r**-1.0, lambda r, s, c, t, d: r**-1.0, "power"),
+    (
+        "log(rsp)",
+        lambda r, s, c, t, d: jsr.apply_dense(jnp.log, r),
+        lambda r, s, c, t, d: np.log(r),
+        "log",
+    ),
 ]
 
 
 # dtype x mode combinations (each dtype is run at least once under jit and eagerly
 # across the set, keeping the suite fast)
-MODES = [(jnp.float32, "eager"), (jnp.float32, "jit"), (jnp.float16, "eager"),
-         (jnp.bfloat16, "jit")]
+MODES = [
+    (jnp.float32, "eager"),
+    (jnp.float32, "jit"),
+    (jnp.float16, "eager"),
+    (jnp.bfloat16, "jit"),
+]
 
 
 @pytest.mark.parametrize("name,fn,ref,out_stype", TABLE, ids=[t[0] for t in TABLE])
@@ -114,8 +126,12 @@ def test_dense_only_inputs_stay_plain_jax():
     x, y = jnp.ones(3), jnp.full(3, 2.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for op, ref in [(jsr.add, np.add), (jsr.subtract, np.subtract),
-                        (jsr.multiply, np.multiply), (jsr.divide, np.divide)]:
+        for op, ref in [
+            (jsr.add, np.add),
+            (jsr.subtract, np.subtract),
+            (jsr.multiply, np.multiply),
+            (jsr.divide, np.divide),
+        ]:
             np.testing.assert_array_equal(np.asarray(op(x, y)), ref(np.ones(3), 2.0))
         assert jsr.apply_dense(jnp.exp, x).shape == (3,)  # no sparse input: no warning
 
@@ -132,19 +148,27 @@ def test_zero_preserving_unary(name, kind, jit_mode):
     fn = getattr(jsr, name)
     out = jit_mode(fn)(x)
     ref = {"relu": lambda v: np.maximum(v, 0)}.get(name, getattr(np, name, None))
-    jsrt.assert_allclose(out, ref(dense_of(x)), stype=kind, dtype=jnp.float32, rtol=1e-5,
-                         atol=1e-6)
+    jsrt.assert_allclose(out, ref(dense_of(x)), stype=kind, dtype=jnp.float32, rtol=1e-5, atol=1e-6)
     assert float(fn(jnp.zeros(()))) == 0.0  # zero-preserving indeed
-    np.testing.assert_allclose(np.asarray(fn(x.todense())), np.asarray(out.todense()),
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(fn(x.todense())), np.asarray(out.todense()), rtol=1e-6)
 
 
 # -- dtype preservation, padding ----------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dtype_preserved_and_mixed_promotes(dtype):
     r1, r2, c1, c2, d = inputs(dtype)
-    ops = lambda r1, r2, c1, c2, d: [r1 + r2, r1 * r2, r1 * d, r1 + d, c1 + c2, c1 * d,
-                                     r1 * 2.5, c1 / 2, -r1, jsr.square(c1)]
+    ops = lambda r1, r2, c1, c2, d: [
+        r1 + r2,
+        r1 * r2,
+        r1 * d,
+        r1 + d,
+        c1 + c2,
+        c1 * d,
+        r1 * 2.5,
+        c1 / 2,
+        -r1,
+        jsr.square(c1),
+    ]
     for out in jax.eval_shape(ops, r1, r2, c1, c2, d):
         assert out.dtype == dtype
     wide = inputs(jnp.float32)[1]

@@ -23,8 +23,9 @@ def test_from_scipy_any_format(fmt, shape):
 
 
 def test_from_scipy_sums_duplicates_and_sorts():
-    m = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array([2, 0, 2]), np.array([0, 3, 3])),
-                      shape=(2, 3))
+    m = sp.csr_matrix(
+        (np.array([1.0, 2.0, 3.0]), np.array([2, 0, 2]), np.array([0, 3, 3])), shape=(2, 3)
+    )
     x = jsr.from_scipy(m)
     assert x.indices.tolist() == [0, 2] and x.data.tolist() == [2.0, 4.0]
     with pytest.raises(TypeError, match="`m` must be a scipy.sparse matrix, got ndarray"):
@@ -52,8 +53,9 @@ def test_to_scipy_bad_input():
         jsr.to_scipy(jnp.ones((2, 2)))
 
 
-@pytest.mark.parametrize("shape,n_rows,cap", [((6, 2), 2, 4), ((5, 2, 3), 3, 3), ((0, 2), 0, 1),
-                                              ((4,), 2, 2)])
+@pytest.mark.parametrize(
+    "shape,n_rows,cap", [((6, 2), 2, 4), ((5, 2, 3), 3, 3), ((0, 2), 0, 1), ((4,), 2, 2)]
+)
 def test_bcoo_roundtrip_rowsparse(shape, n_rows, cap, jit_mode):
     r = jsrt.random_rowsparse(np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap)
     b = jit_mode(jsr.to_bcoo)(r)
@@ -73,8 +75,13 @@ def test_bcoo_roundtrip_csr(jit_mode):
 
 
 def test_from_bcoo_unsorted_duplicates_and_padding():
-    b = jsparse.BCOO((jnp.array([[1.0, 1.0], [2.0, 2.0], [5.0, 5.0], [0.0, 0.0]]),
-                      jnp.array([[2], [0], [2], [3]])), shape=(3, 2))  # id 3 = padding
+    b = jsparse.BCOO(
+        (
+            jnp.array([[1.0, 1.0], [2.0, 2.0], [5.0, 5.0], [0.0, 0.0]]),
+            jnp.array([[2], [0], [2], [3]]),
+        ),
+        shape=(3, 2),
+    )  # id 3 = padding
     expected = [[2, 2], [0, 0], [6, 6]]
     x = jsr.from_bcoo(b)
     assert x.indices.tolist() == [0, 2]

@@ -53,8 +53,9 @@ def test_lazy_adam_schedule_and_nd_rows():
     w0 = np.random.default_rng(13).normal(size=(9, 2, 2)).astype(np.float32)
     opt = jsr.optim.lazy_adam(sched)
     w, _ = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit=True)
-    w_np, _, _ = numpy_adam(w0, grads, lambda c: float(sched(c)), 0.9, 0.999, 1e-8, 0.0,
-                            0.0, lazy=True)
+    w_np, _, _ = numpy_adam(
+        w0, grads, lambda c: float(sched(c)), 0.9, 0.999, 1e-8, 0.0, 0.0, lazy=True
+    )
     np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5, atol=1e-5)
 
 
@@ -68,8 +69,13 @@ def test_every_row_touched_equals_optax(wd):
     else:
         ours, ref = jsr.optim.lazy_adam(0.05), optax.adam(0.05)
     w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, s2 = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
-                       apply=optax.apply_updates)
+    w2, s2 = run_steps(
+        ref,
+        w0,
+        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
+        jit=True,
+        apply=optax.apply_updates,
+    )
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(s1[0].nu), np.asarray(s2[0].nu), rtol=1e-6)
 
@@ -84,8 +90,13 @@ def test_lazy_false_equals_optax_adam(wd):
     else:
         ours, ref = jsr.optim.lazy_adam(0.05, lazy=False), optax.adam(0.05)
     w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, _ = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
-                      apply=optax.apply_updates)
+    w2, _ = run_steps(
+        ref,
+        w0,
+        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
+        jit=True,
+        apply=optax.apply_updates,
+    )
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
 
 

@@ -74,9 +74,7 @@ def test_apply_updates_matches_optax(dtype, jit_mode):
 
 
 def test_apply_updates_padding_and_none():
-    g = jsr.RowSparse._make(
-        jnp.zeros((2, 2)), jnp.asarray([3, 3], index_dtype()), (3, 2)
-    )
+    g = jsr.RowSparse._make(jnp.zeros((2, 2)), jnp.asarray([3, 3], index_dtype()), (3, 2))
     out = jsr.optim.apply_updates({"a": jnp.ones((3, 2)), "n": None}, {"a": g, "n": None})
     np.testing.assert_array_equal(np.asarray(out["a"]), np.ones((3, 2)))
     assert out["n"] is None

@@ -17,15 +17,20 @@ def _model(seed=40):
     rng = np.random.default_rng(seed)
     params = {
         "emb": jnp.asarray(rng.normal(size=(12, 4)), jnp.float32),
-        "dense": {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
-                  "b": jnp.zeros(3, jnp.float32)},
+        "dense": {
+            "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+            "b": jnp.zeros(3, jnp.float32),
+        },
     }
     grads = []
     for g, dense, _ in grad_sequence(seed + 1, 15, 12, (4,), capacity=4):
-        dg = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
-              "b": jnp.asarray(rng.normal(size=3), jnp.float32)}
-        grads.append(({"emb": g, "dense": dg}, {"emb": jnp.asarray(dense, jnp.float32),
-                                                "dense": dg}))
+        dg = {
+            "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=3), jnp.float32),
+        }
+        grads.append(
+            ({"emb": g, "dense": dg}, {"emb": jnp.asarray(dense, jnp.float32), "dense": dg})
+        )
     return params, grads
 
 
@@ -35,10 +40,12 @@ def test_mixed_tree_dense_leaves_follow_optax_adam(jit_mode):
     ref = optax.adam(0.01)
     p1, _ = run_steps(ours, params, [g for g, _ in grads], jit=True)
     p2, _ = run_steps(ref, params, [d for _, d in grads], jit=True, apply=optax.apply_updates)
-    np.testing.assert_allclose(np.asarray(p1["dense"]["w"]), np.asarray(p2["dense"]["w"]),
-                               rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(p1["dense"]["b"]), np.asarray(p2["dense"]["b"]),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(p1["dense"]["w"]), np.asarray(p2["dense"]["w"]), rtol=1e-6, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        np.asarray(p1["dense"]["b"]), np.asarray(p2["dense"]["b"]), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_multi_transform_lazy_adam_for_embedding():
@@ -49,10 +56,16 @@ def test_multi_transform_lazy_adam_for_embedding():
     )
     p1, _ = run_steps(opt, params, [g for g, _ in grads], jit=True)
     # Reference: the two optimizers run separately on their own subtrees.
-    pe, _ = run_steps(jsr.optim.lazy_adam(0.02), params["emb"], [g["emb"] for g, _ in grads],
-                      jit=True)
-    pd, _ = run_steps(optax.adam(0.01), params["dense"], [g["dense"] for g, _ in grads],
-                      jit=True, apply=optax.apply_updates)
+    pe, _ = run_steps(
+        jsr.optim.lazy_adam(0.02), params["emb"], [g["emb"] for g, _ in grads], jit=True
+    )
+    pd, _ = run_steps(
+        optax.adam(0.01),
+        params["dense"],
+        [g["dense"] for g, _ in grads],
+        jit=True,
+        apply=optax.apply_updates,
+    )
     np.testing.assert_array_equal(np.asarray(p1["emb"]), np.asarray(pe))
     np.testing.assert_allclose(np.asarray(p1["dense"]["w"]), np.asarray(pd["w"]), rtol=1e-6)
 
@@ -68,8 +81,9 @@ def test_chain_clip_then_lazy_sgd_matches_dense_clip():
 
 
 def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode):
-    g = jsr.RowSparse._make(jnp.asarray([[3.0, 4.0], [0.0, 0.0]]),
-                            jnp.asarray([1, 5], jnp.int32), (5, 2))
+    g = jsr.RowSparse._make(
+        jnp.asarray([[3.0, 4.0], [0.0, 0.0]]), jnp.asarray([1, 5], jnp.int32), (5, 2)
+    )
     tx = jsr.optim.clip_by_global_norm(2.5)
     u, _ = jit_mode(tx.update)({"a": g, "b": jnp.zeros(2)}, tx.init(None))
     np.testing.assert_allclose(np.asarray(u["a"].data), [[1.5, 2.0], [0.0, 0.0]], rtol=1e-6)
@@ -191,8 +205,7 @@ def test_skip_nonfinite_skips_whole_step(jit_mode):
     w2, s2 = step(w1, s1, bad)
     np.testing.assert_array_equal(np.asarray(w2), np.asarray(w1))
     assert int(s2.skipped) == 1 and int(s2.inner_state[0].count) == 1
-    for a, b in zip(jax.tree.leaves(s1.inner_state), jax.tree.leaves(s2.inner_state),
-                    strict=True):
+    for a, b in zip(jax.tree.leaves(s1.inner_state), jax.tree.leaves(s2.inner_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     w3, s3 = step(w2, s2, good)
     assert int(s3.inner_state[0].count) == 2 and int(s3.skipped) == 1
@@ -201,8 +214,7 @@ def test_skip_nonfinite_skips_whole_step(jit_mode):
 
 def test_skip_nonfinite_ignores_padding_slots():
     # A NaN in a padding slot is not a gradient value: nothing is skipped.
-    g = jsr.RowSparse._make(jnp.asarray([[1.0], [np.nan]]), jnp.asarray([0, 3], jnp.int32),
-                            (3, 1))
+    g = jsr.RowSparse._make(jnp.asarray([[1.0], [np.nan]]), jnp.asarray([0, 3], jnp.int32), (3, 1))
     opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_sgd(1.0))
     w = jnp.zeros((3, 1))
     u, s = opt.update(g, opt.init(w), w)

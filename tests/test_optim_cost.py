@@ -19,8 +19,9 @@ import jaxsparse_rows as jsr
 from jaxsparse_rows._util import index_dtype
 
 OPTS = {
-    "sgd": lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, nesterov=True, weight_decay=1e-3,
-                                      clip_gradient=1.0),
+    "sgd": lambda: jsr.optim.lazy_sgd(
+        0.1, momentum=0.9, nesterov=True, weight_decay=1e-3, clip_gradient=1.0
+    ),
     "adam": lambda: jsr.optim.lazy_adam(optax.exponential_decay(0.1, 10, 0.9)),
     "adamw": lambda: jsr.optim.lazy_adamw(0.1),
     "adagrad": lambda: jsr.optim.lazy_adagrad(0.1),
@@ -76,16 +77,22 @@ def _all_eqns(jaxpr):
 def test_no_full_table_intermediates_at_1e8_rows(name, apply):
     v, d, k = 10**8, 4, 64
     opt = OPTS[name]()
-    params = {"emb": jax.ShapeDtypeStruct((v, d), jnp.float32),
-              "b": jax.ShapeDtypeStruct((d,), jnp.float32)}
+    params = {
+        "emb": jax.ShapeDtypeStruct((v, d), jnp.float32),
+        "b": jax.ShapeDtypeStruct((d,), jnp.float32),
+    }
     state = jax.eval_shape(opt.init, params)
     ap = optax.apply_updates if apply == "optax" else jsr.optim.apply_updates
     jaxpr = jax.make_jaxpr(_step(opt, ap))(params, state, _sparse_grads(v, d, k)).jaxpr
-    big = [(e, ins) for e, ins in _all_eqns(jaxpr)
-           if any(getattr(o.aval, "shape", ())[:1] == (v,) for o in e.outvars)]
+    big = [
+        (e, ins)
+        for e, ins in _all_eqns(jaxpr)
+        if any(getattr(o.aval, "shape", ())[:1] == (v,) for o in e.outvars)
+    ]
     assert big, "expected the in-place scatters into params/state"
     assert {e.primitive.name for e, _ in big} <= {"scatter", "scatter-add"}, [
-        str(e.primitive) for e, _ in big]
+        str(e.primitive) for e, _ in big
+    ]
     # Every big scatter writes into an input buffer (or the output of another
     # such scatter), never into a freshly built [V, ...] array.
     produced = {o for e, _ in big for o in e.outvars}
@@ -106,8 +113,9 @@ def test_donated_step_is_in_place(name):
     header = text.splitlines()[0]
     aliased = set(int(i) for i in re.findall(r"\(\s*(\d+),\s*\{\}", header))
     n_in = len(jax.tree.leaves((params, state)))
-    big_inputs = [i for i, x in enumerate(jax.tree.leaves((params, state)))
-                  if jnp.shape(x)[:1] == (v,)]
+    big_inputs = [
+        i for i, x in enumerate(jax.tree.leaves((params, state))) if jnp.shape(x)[:1] == (v,)
+    ]
     assert big_inputs and set(big_inputs) <= aliased, (big_inputs, header)
     assert max(aliased) < n_in
     # ...and XLA did not have to copy a full table to do it.
@@ -146,10 +154,14 @@ def test_state_is_an_ordinary_pytree(name):
 @pytest.mark.parametrize("name", sorted(OPTS))
 def test_checkpoint_round_trip_is_identical(name, tmp_path):
     opt = OPTS[name]()
-    params = {"emb": jnp.asarray(np.random.default_rng(3).normal(size=(20, 3)), jnp.float32),
-              "b": jnp.zeros(3)}
-    grads = [{"emb": g, "b": jnp.full(3, 0.1 * i, jnp.float32)}
-             for i, (g, _, _) in enumerate(grad_sequence(4, 12, 20, (3,), capacity=5))]
+    params = {
+        "emb": jnp.asarray(np.random.default_rng(3).normal(size=(20, 3)), jnp.float32),
+        "b": jnp.zeros(3),
+    }
+    grads = [
+        {"emb": g, "b": jnp.full(3, 0.1 * i, jnp.float32)}
+        for i, (g, _, _) in enumerate(grad_sequence(4, 12, 20, (3,), capacity=5))
+    ]
     step = jax.jit(_step(opt, jsr.optim.apply_updates))
     full, full_state = params, opt.init(params)
     for g in grads:
@@ -166,6 +178,5 @@ def test_checkpoint_round_trip_is_identical(name, tmp_path):
         p2, s2 = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in pickle.load(f)])
     for g in grads[6:]:
         p2, s2 = step(p2, s2, g)
-    for a, b in zip(jax.tree.leaves((full, full_state)), jax.tree.leaves((p2, s2)),
-                    strict=True):
+    for a, b in zip(jax.tree.leaves((full, full_state)), jax.tree.leaves((p2, s2)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

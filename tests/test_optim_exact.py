@@ -34,6 +34,7 @@ def test_exact_equals_dense_sgd(cfg, jit, n_steps):
         def step(p, s, g):
             u, s = opt.update(g, s, p)
             return jsr.optim.apply_updates(p, u), s
+
         return jax.jit(step) if jit else step
 
     se, sd = step_fn(exact), step_fn(dense)
@@ -43,13 +44,13 @@ def test_exact_equals_dense_sgd(cfg, jit, n_steps):
         pe, ste = se(pe, ste, g)
         pd, std = sd(pd, std, g)
         # Rows just touched are current: equal to the dense run now.
-        np.testing.assert_allclose(np.asarray(pe)[rows], np.asarray(pd)[rows],
-                                   rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(pe)[rows], np.asarray(pd)[rows], rtol=2e-5, atol=2e-6)
     pf, stf = jsr.optim.flush(pe, ste)
     np.testing.assert_allclose(np.asarray(pf), np.asarray(pd), rtol=2e-5, atol=2e-6)
     if cfg.get("momentum"):
-        np.testing.assert_allclose(np.asarray(stf.trace), np.asarray(std[0].trace),
-                                   rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(
+            np.asarray(stf.trace), np.asarray(std[0].trace), rtol=2e-5, atol=2e-6
+        )
     assert np.all(np.asarray(stf.last_step) == n_steps)
     # Flushing twice changes nothing; training continues correctly after it.
     pf2, _ = jsr.optim.flush(pf, stf)
@@ -58,13 +59,17 @@ def test_exact_equals_dense_sgd(cfg, jit, n_steps):
 
 def test_exact_with_dense_grads_and_mixed_tree():
     rng = np.random.default_rng(82)
-    params = {"emb": jnp.asarray(rng.normal(size=(10, 2)), jnp.float32),
-              "b": jnp.zeros(2, jnp.float32)}
+    params = {
+        "emb": jnp.asarray(rng.normal(size=(10, 2)), jnp.float32),
+        "b": jnp.zeros(2, jnp.float32),
+    }
     seq = grad_sequence(83, 20, 10, (2,), capacity=3)
     grads = [{"emb": g, "b": jnp.asarray(rng.normal(size=2), jnp.float32)} for g, _, _ in seq]
     # A dense gradient for the table half-way: every row is caught up first.
-    grads[10] = {"emb": jnp.asarray(rng.normal(size=(10, 2)), jnp.float32),
-                 "b": jnp.zeros(2, jnp.float32)}
+    grads[10] = {
+        "emb": jnp.asarray(rng.normal(size=(10, 2)), jnp.float32),
+        "b": jnp.zeros(2, jnp.float32),
+    }
     cfg = dict(momentum=0.9, weight_decay=0.01)
     pe, se = run_steps(jsr.optim.lazy_sgd(0.1, lazy="exact", **cfg), params, grads, jit=True)
     pd, _ = run_steps(jsr.optim.lazy_sgd(0.1, lazy=False, **cfg), params, grads, jit=True)
@@ -74,8 +79,9 @@ def test_exact_with_dense_grads_and_mixed_tree():
 
 
 def test_flush_finds_state_inside_chain():
-    opt = optax.chain(jsr.optim.clip_by_global_norm(10.0),
-                      jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact"))
+    opt = optax.chain(
+        jsr.optim.clip_by_global_norm(10.0), jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
+    )
     w = jnp.zeros((3, 1))
     grads = [jsr.RowSparse([[1.0]], [0], shape=(3, 1)), jsr.RowSparse([[1.0]], [2], shape=(3, 1))]
     w, s = run_steps(opt, w, grads, jit=True)

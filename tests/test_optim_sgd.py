@@ -59,9 +59,18 @@ def test_lazy_sgd_matches_numpy(cfg, lazy, jit):
     w0 = np.random.default_rng(1).normal(size=(12, 3)).astype(np.float32)
     opt = jsr.optim.lazy_sgd(0.05, lazy=lazy, **cfg)
     w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit)
-    w_np, m_np = numpy_sgd(w0, grads, 0.05, lazy=lazy, **{
-        k.replace("weight_decay", "wd").replace("rescale_grad", "rescale")
-        .replace("clip_gradient", "clip"): v for k, v in cfg.items()})
+    w_np, m_np = numpy_sgd(
+        w0,
+        grads,
+        0.05,
+        lazy=lazy,
+        **{
+            k.replace("weight_decay", "wd")
+            .replace("rescale_grad", "rescale")
+            .replace("clip_gradient", "clip"): v
+            for k, v in cfg.items()
+        },
+    )
     np.testing.assert_allclose(np.asarray(w), w_np, rtol=2e-5, atol=2e-5)
     if cfg["momentum"]:
         np.testing.assert_allclose(np.asarray(state[0].trace), m_np, rtol=2e-5, atol=2e-5)
@@ -74,8 +83,13 @@ def test_lazy_false_equals_optax_sgd(nesterov):
     ours = jsr.optim.lazy_sgd(0.1, momentum=0.8, nesterov=nesterov, lazy=False)
     ref = optax.sgd(0.1, momentum=0.8, nesterov=nesterov)
     w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, _ = run_steps(ref, w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads], jit=True,
-                      apply=optax.apply_updates)
+    w2, _ = run_steps(
+        ref,
+        w0,
+        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
+        jit=True,
+        apply=optax.apply_updates,
+    )
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
 
 
@@ -83,8 +97,13 @@ def test_lazy_sgd_without_momentum_is_exactly_dense():
     grads = grad_sequence(4, 10, 8, (2,), capacity=3)
     w0 = jnp.asarray(np.random.default_rng(5).normal(size=(8, 2)), jnp.float32)
     w1, _ = run_steps(jsr.optim.lazy_sgd(0.3), w0, [g for g, _, _ in grads], jit=False)
-    w2, _ = run_steps(optax.sgd(0.3), w0, [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-                      jit=False, apply=optax.apply_updates)
+    w2, _ = run_steps(
+        optax.sgd(0.3),
+        w0,
+        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
+        jit=False,
+        apply=optax.apply_updates,
+    )
     np.testing.assert_array_equal(np.asarray(w1), np.asarray(w2))
 
 

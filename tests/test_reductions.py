@@ -10,8 +10,14 @@ import pytest
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
 
-RSP_CASES = [((0, 3), 0, 1), ((1, 2), 1, 1), ((6, 2), 3, 5), ((6, 2), 0, 0), ((5, 2, 3), 2, 3),
-             ((7,), 3, 4)]
+RSP_CASES = [
+    ((0, 3), 0, 1),
+    ((1, 2), 1, 1),
+    ((6, 2), 3, 5),
+    ((6, 2), 0, 0),
+    ((5, 2, 3), 2, 3),
+    ((7,), 3, 4),
+]
 CSR_CASES = [((0, 3), 0), ((4, 5), 0), ((4, 5), 3), ((3, 0), 1)]
 
 
@@ -22,8 +28,9 @@ def make(kind, case, dtype=jnp.float32):
         return jsrt.random_rowsparse(rng, shape, n_rows=n_rows, capacity=cap, dtype=dtype)
     shape, pad = case
     base = jsrt.random_csr(np.random.default_rng(1), shape, density=0.5, dtype=dtype)
-    return jsrt.random_csr(np.random.default_rng(1), shape, density=0.5, nse=base.nse + pad,
-                           dtype=dtype)
+    return jsrt.random_csr(
+        np.random.default_rng(1), shape, density=0.5, nse=base.nse + pad, dtype=dtype
+    )
 
 
 CASES = [("row_sparse", c) for c in RSP_CASES] + [("csr", c) for c in CSR_CASES]
@@ -68,10 +75,14 @@ def test_square_sum(kind, case, jit_mode):
     for axis in axes:
         for keepdims in (True, False):
             out = jit_mode(lambda x, a=axis, k=keepdims: jsr.square_sum(x, axis=a, keepdims=k))(x)
-            sparse_out = kind == "row_sparse" and axis is not None and axis % x.ndim >= 1 \
-                and keepdims
-            jsrt.assert_allclose(out, (dense**2).sum(axis=axis, keepdims=keepdims),
-                                 stype="row_sparse" if sparse_out else "default")
+            sparse_out = (
+                kind == "row_sparse" and axis is not None and axis % x.ndim >= 1 and keepdims
+            )
+            jsrt.assert_allclose(
+                out,
+                (dense**2).sum(axis=axis, keepdims=keepdims),
+                stype="row_sparse" if sparse_out else "default",
+            )
             if sparse_out:
                 np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
 

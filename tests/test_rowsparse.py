@@ -49,8 +49,9 @@ def oracle(x: jsr.RowSparse) -> np.ndarray:
 @pytest.mark.parametrize("shape,n_rows,cap", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_todense_attributes(shape, n_rows, cap, dtype, jit_mode):
-    x = jsrt.random_rowsparse(np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap,
-                              dtype=dtype)
+    x = jsrt.random_rowsparse(
+        np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap, dtype=dtype
+    )
     dense, nnz = jit_mode(lambda x: (x.todense(), x.nnz_rows))(x)
     assert dense.dtype == dtype and dense.shape == shape
     np.testing.assert_array_equal(np.asarray(dense), oracle(x))

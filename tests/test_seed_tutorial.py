@@ -15,8 +15,9 @@ def test_row_sparse_format_2d_and_3d():
     dense = np.array([[1, 2, 3], [0, 0, 0], [4, 0, 5], [0, 0, 0], [0, 0, 0]], np.float32)
     a = jsr.RowSparse.fromdense(dense)
     assert a.data.tolist() == [[1, 2, 3], [4, 0, 5]] and a.indices.tolist() == [0, 2]
-    dense3 = np.array([[[1, 0], [0, 2], [3, 4]], [[5, 0], [6, 0], [0, 0]],
-                       [[0, 0], [0, 0], [0, 0]]], np.float32)
+    dense3 = np.array(
+        [[[1, 0], [0, 2], [3, 4]], [[5, 0], [6, 0], [0, 0]], [[0, 0], [0, 0], [0, 0]]], np.float32
+    )
     b = jsr.RowSparse.fromdense(dense3)
     assert b.data.tolist() == dense3[:2].tolist() and b.indices.tolist() == [0, 1]
     assert b.stype == "row_sparse"

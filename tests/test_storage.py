@@ -134,8 +134,14 @@ def test_verbose_env_var_read_at_import(value, expected):
         "b = a * 2\n"
     )
     env = dict(os.environ, JAXSPARSE_ROWS_VERBOSE=value, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     assert proc.stdout.strip() == str(expected)
     logged = "[jaxsparse_rows] multiply(row_sparse, scalar) -> row_sparse" in proc.stderr
     assert logged == expected

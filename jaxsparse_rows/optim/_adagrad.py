@@ -58,9 +58,7 @@ def scale_by_lazy_adagrad(
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_adagrad")
-        return ScaleByLazyAdagradState(
-            zeros_like_params(params, fill=initial_accumulator_value)
-        )
+        return ScaleByLazyAdagradState(zeros_like_params(params, fill=initial_accumulator_value))
 
     def rule(g, states, _):
         (acc,) = states

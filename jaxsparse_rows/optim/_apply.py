@@ -51,6 +51,4 @@ def apply_updates(params: Any, updates: Any) -> Any:
             return scatter_rows(p, u.indices, rows)
         return jnp.asarray(p + u).astype(p.dtype)
 
-    return jax.tree_util.tree_map_with_path(
-        leaf, params, updates, is_leaf=lambda x: x is None
-    )
+    return jax.tree_util.tree_map_with_path(leaf, params, updates, is_leaf=lambda x: x is None)

@@ -90,8 +90,12 @@ def _catch_up(w, m, skipped, powers, dtype):
         r00, r01, r10, r11 = r
         p00, p01, p10, p11 = table[j, 0], table[j, 1], table[j, 2], table[j, 3]
         bit = ((skipped >> j) & 1).astype(bool)
-        n = (r00 * p00 + r01 * p10, r00 * p01 + r01 * p11,
-             r10 * p00 + r11 * p10, r10 * p01 + r11 * p11)
+        n = (
+            r00 * p00 + r01 * p10,
+            r00 * p01 + r01 * p11,
+            r10 * p00 + r11 * p10,
+            r10 * p01 + r11 * p11,
+        )
         return tuple(jnp.where(bit, a, b) for a, b in zip(n, r, strict=True))
 
     one = jnp.ones(skipped.shape, dtype)
@@ -106,8 +110,9 @@ def _catch_up(w, m, skipped, powers, dtype):
 
 @functools.partial(jax.jit, static_argnames=("hparams",))
 def _flush_leaf(p, m, last, t, hparams):
-    w, m2 = _catch_up(p, None if m is None else m.astype(p.dtype), t - last,
-                      _powers(*hparams), p.dtype)
+    w, m2 = _catch_up(
+        p, None if m is None else m.astype(p.dtype), t - last, _powers(*hparams), p.dtype
+    )
     m2 = None if m is None else m2.astype(m.dtype)
     return w.astype(p.dtype), m2, jnp.full_like(last, t)
 
@@ -123,7 +128,7 @@ def exact_lazy_sgd(
     """``lazy_sgd(..., lazy="exact")``; see :func:`jaxsparse_rows.optim.lazy_sgd`."""
     if callable(learning_rate):
         raise ValueError(
-            "`lazy_sgd(..., lazy=\"exact\")` needs a constant float `learning_rate`: the "
+            '`lazy_sgd(..., lazy="exact")` needs a constant float `learning_rate`: the '
             "closed-form replay of skipped steps assumes the same step matrix every step. "
             "Use `lazy=False` with a schedule."
         )

@@ -48,9 +48,7 @@ def map_updates(
     other trees' leaves unchanged in the rest.
     """
     flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=_is_leaf)
-    flat_others = [
-        [None] * len(flat) if o is None else treedef.flatten_up_to(o) for o in others
-    ]
+    flat_others = [[None] * len(flat) if o is None else treedef.flatten_up_to(o) for o in others]
     outs = []
     for i, (path, leaf) in enumerate(flat):
         rest = [fo[i] for fo in flat_others]
