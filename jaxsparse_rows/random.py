@@ -78,7 +78,8 @@ def csr(
       shape: ``(M, K)``.
       density: fraction of the entries that are stored, in ``[0, 1]``.
       dtype: a floating dtype.
-      minval, maxval: range of the values.
+      minval: lower end of the range of the values.
+      maxval: upper end of the range of the values.
 
     Example:
       >>> import jax, jaxsparse_rows as jsr
@@ -122,7 +123,8 @@ def row_sparse(
       shape: ``(N, D1, ..., Dn)``.
       density: fraction of the rows that are stored, in ``[0, 1]``.
       dtype: a floating dtype.
-      minval, maxval: range of the values.
+      minval: lower end of the range of the values.
+      maxval: upper end of the range of the values.
       capacity: row slots of the result (default: exactly the stored rows);
         extra slots are padding (index ``N``, zero data).
 

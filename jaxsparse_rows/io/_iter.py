@@ -263,7 +263,8 @@ class LibSVMIter(_Batcher):
         convention, ids from 1). ``"auto"`` is not available when streaming.
       dtype: dtype of the data and the labels.
       last_batch: ``"pad"`` (default), ``"discard"`` or ``"roll_over"``.
-      nnz_buckets, min_nnz: as in :class:`CSRIter`.
+      nnz_buckets: as in :class:`CSRIter`.
+      min_nnz: as in :class:`CSRIter`.
       chunk_bytes: bytes read per chunk (default 4 MiB).
 
     Example:
@@ -271,8 +272,10 @@ class LibSVMIter(_Batcher):
       >>> path = pathlib.Path(tempfile.mkdtemp()) / "toy.svm"
       >>> _ = path.write_text("1 1:2\\n0 3:1 2:4\\n1\\n")
       >>> it = jsr.io.LibSVMIter(path, batch_size=2, num_features=3)
-      >>> [(b.x.asnumpy().tolist(), int(b.num_rows)) for b in it]
-      [([[2.0, 0.0, 0.0], [0.0, 4.0, 1.0]], 2), ([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], 1)]
+      >>> for b in it:
+      ...     print(b.x.asnumpy().tolist(), int(b.num_rows))
+      [[2.0, 0.0, 0.0], [0.0, 4.0, 1.0]] 2
+      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]] 1
     """
 
     def __init__(
