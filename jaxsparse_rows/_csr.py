@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._operators import SparseOperators
 from ._rowsparse import _as_data, _as_index_array, _as_shape, dense_numpy, host_dense
 from ._util import capacity_check, check_static_int, index_dtype, is_concrete, shape_str
 
@@ -76,7 +77,7 @@ def _validate_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, sha
 
 
 @jax.tree_util.register_pytree_node_class
-class CSR:
+class CSR(SparseOperators):
     """A 2-D compressed-sparse-row matrix with a static entry capacity ``nse``.
 
     Row ``r`` holds entries ``indptr[r]:indptr[r+1]`` of ``data``/``indices``
@@ -336,72 +337,6 @@ class CSR:
         indptr = jnp.concatenate([jnp.zeros((1,), idt), jnp.cumsum(counts, dtype=idt)])
         indptr = jnp.minimum(indptr, nse)
         return cls._make(data, c.astype(idt), indptr, (m, n))
-
-    # -- operators ----------------------------------------------------------
-    def __neg__(self):
-        from ._elementwise import negative
-
-        return negative(self)
-
-    def __abs__(self):
-        from ._elementwise import abs as abs_
-
-        return abs_(self)
-
-    def __add__(self, other):
-        from ._elementwise import add
-
-        return add(self, other)
-
-    def __radd__(self, other):
-        from ._elementwise import add
-
-        return add(other, self)
-
-    def __sub__(self, other):
-        from ._elementwise import subtract
-
-        return subtract(self, other)
-
-    def __rsub__(self, other):
-        from ._elementwise import subtract
-
-        return subtract(other, self)
-
-    def __mul__(self, other):
-        from ._elementwise import multiply
-
-        return multiply(self, other)
-
-    def __rmul__(self, other):
-        from ._elementwise import multiply
-
-        return multiply(other, self)
-
-    def __truediv__(self, other):
-        from ._elementwise import divide
-
-        return divide(self, other)
-
-    def __rtruediv__(self, other):
-        from ._elementwise import divide
-
-        return divide(other, self)
-
-    def __pow__(self, other):
-        from ._elementwise import power
-
-        return power(self, other)
-
-    def __matmul__(self, other):
-        from ._dot import dot
-
-        return dot(self, other)
-
-    def __rmatmul__(self, other):
-        from ._dot import dot
-
-        return dot(other, self)
 
 
 def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> CSR:

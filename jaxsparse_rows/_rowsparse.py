@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._operators import SparseOperators
 from ._util import (
     broadcast_row_mask,
     capacity_check,
@@ -119,7 +120,7 @@ def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices"
 
 
 @jax.tree_util.register_pytree_node_class
-class RowSparse:
+class RowSparse(SparseOperators):
     """A ``[N, D1, ..., Dn]`` array stored as its non-zero rows.
 
     ``dense[indices[i]] = data[i]`` for every real slot ``i``; all other rows are
@@ -367,72 +368,6 @@ class RowSparse:
         )
         data = gather_rows(x, idx)
         return cls._make(data, idx, x.shape)
-
-    # -- operators (storage-type inference lives in _elementwise) ------------
-    def __neg__(self):
-        from ._elementwise import negative
-
-        return negative(self)
-
-    def __abs__(self):
-        from ._elementwise import abs as abs_
-
-        return abs_(self)
-
-    def __add__(self, other):
-        from ._elementwise import add
-
-        return add(self, other)
-
-    def __radd__(self, other):
-        from ._elementwise import add
-
-        return add(other, self)
-
-    def __sub__(self, other):
-        from ._elementwise import subtract
-
-        return subtract(self, other)
-
-    def __rsub__(self, other):
-        from ._elementwise import subtract
-
-        return subtract(other, self)
-
-    def __mul__(self, other):
-        from ._elementwise import multiply
-
-        return multiply(self, other)
-
-    def __rmul__(self, other):
-        from ._elementwise import multiply
-
-        return multiply(other, self)
-
-    def __truediv__(self, other):
-        from ._elementwise import divide
-
-        return divide(self, other)
-
-    def __rtruediv__(self, other):
-        from ._elementwise import divide
-
-        return divide(other, self)
-
-    def __pow__(self, other):
-        from ._elementwise import power
-
-        return power(self, other)
-
-    def __matmul__(self, other):
-        from ._dot import dot
-
-        return dot(self, other)
-
-    def __rmatmul__(self, other):
-        from ._dot import dot
-
-        return dot(other, self)
 
 
 def row_sparse_array(
