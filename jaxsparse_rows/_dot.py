@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from ._config import log_inference, warn_fallback
 from ._csr import CSR
 from ._rows import lookup_slots
-from ._rowsparse import RowSparse
+from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
 from ._util import coalesce_rows, gather_rows
 
@@ -95,7 +95,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
             gathered = gather_rows(rhs, lhs.indices)
             return jnp.tensordot(lhs.data, gathered, axes=(0, 0))
         log_inference("dot", (sl, sr), "row_sparse")
-        out = jnp.tensordot(lhs.data, rhs, axes=(1, 0))
+        out = mask_padding(jnp.tensordot(lhs.data, rhs, axes=(1, 0)), lhs.indices, lhs.shape[0])
         return RowSparse._make(out, lhs.indices, (lhs.shape[0],) + tuple(rhs.shape[1:]))
     if sl == "default" and not transpose_a and lhs.ndim == 2 and sr != "default":
         log_inference("dot", (sl, sr), "default")

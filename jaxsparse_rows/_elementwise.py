@@ -194,7 +194,7 @@ def multiply(a: Any, b: Any) -> Any:
         b = jnp.asarray(b)
         log_inference("multiply", (sa, sb), sa)
         if sa == "row_sparse":
-            return RowSparse._make(a.data * _dense_rows(b, a), a.indices, a.shape)
+            return _with_data_masked(a, a.data * _dense_rows(b, a))
         return _csr_times_dense(a, b)
     warn_fallback("multiply", (sa, sb))
     return jnp.multiply(a.todense(), b.todense())

@@ -50,10 +50,11 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
         out = jnp.zeros((x.shape[0],) + reduced.shape[1:], reduced.dtype)
         return out.at[x.indices].set(reduced, mode="drop", indices_are_sorted=True)
+    data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
-        out = jnp.zeros((x.shape[1],), x.dtype).at[x.indices].add(x.data, mode="drop")
+        out = jnp.zeros((x.shape[1],), data.dtype).at[x.indices].add(data, mode="drop")
         return out[None] if keepdims else out
-    out = jax.ops.segment_sum(x.data, x.row_ids(), num_segments=x.shape[0], indices_are_sorted=True)
+    out = jax.ops.segment_sum(data, x.row_ids(), num_segments=x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out
 
 

@@ -132,15 +132,20 @@ def coalesce_rows(
     return uniq, summed, count
 
 
-def gather_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
-    """``x[rows]`` along axis 0 with out-of-range rows reading zero.
+def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = False) -> jax.Array:
+    """``x[rows]`` along axis 0 with out-of-range rows (negative ones too) reading zero.
 
     Works when ``x`` has no rows at all (XLA rejects a gather from an empty axis).
     """
     x = jnp.asarray(x)
     if x.shape[0] == 0:
         return jnp.zeros(tuple(rows.shape) + tuple(x.shape[1:]), x.dtype)
-    return x.at[rows].get(mode="fill", fill_value=0)
+    return x.at[rows].get(
+        mode="fill",
+        fill_value=0,
+        wrap_negative_indices=False,
+        indices_are_sorted=indices_are_sorted,
+    )
 
 
 def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:

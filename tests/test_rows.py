@@ -226,3 +226,12 @@ def test_pull_rows_vmap_over_batches():
     for b in range(2):
         one = jsr.RowSparse._make(rows.data[b], rows.indices[b], table.shape)
         _check_pulled(one, table, ids[b])
+
+
+def test_take_dense_negative_id_under_jit_reads_zero_not_the_last_row():
+    """Under jit, out-of-range ids (negative ones too) read zeros and get no gradient."""
+    table = jnp.arange(6.0).reshape(3, 2)
+    out = jax.jit(jsr.take)(table, jnp.array([-1, 1, 3]))
+    np.testing.assert_array_equal(np.asarray(out), [[0, 0], [2, 3], [0, 0]])
+    g = jax.jit(jax.grad(lambda t: jnp.sum(jsr.take(t, jnp.array([-1, 0])))))(table)
+    np.testing.assert_array_equal(np.asarray(g), [[1, 1], [0, 0], [0, 0]])

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._rowsparse import RowSparse
-from .._util import broadcast_row_mask
+from .._rowsparse import RowSparse, mask_padding
+from .._util import gather_rows as _gather_rows
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "
@@ -87,8 +87,8 @@ def check_dense_params(params: Any, name: str) -> None:
 
 
 def gather_rows(x: jax.Array, indices: jax.Array) -> jax.Array:
-    """Rows of a dense ``x`` at ``indices`` (padding ids give zero rows)."""
-    return x.at[indices].get(mode="fill", fill_value=0, indices_are_sorted=True)
+    """Rows of a dense ``x`` at sorted RowSparse ``indices`` (padding ids give zero rows)."""
+    return _gather_rows(x, indices, indices_are_sorted=True)
 
 
 def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array:
@@ -96,10 +96,8 @@ def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array
     return x.at[indices].set(rows.astype(x.dtype), mode="drop", indices_are_sorted=True)
 
 
-def mask_rows(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:
-    """Zeros the padding slots of ``data`` so updates keep the RowSparse invariant."""
-    mask = broadcast_row_mask(indices < n_rows, data.ndim)
-    return jnp.where(mask, data, jnp.zeros((), data.dtype))
+# Zeros the padding slots of update data so updates keep the RowSparse invariant.
+mask_rows = mask_padding
 
 
 Rule = Callable[[jax.Array, Sequence[jax.Array], Any], tuple[jax.Array, Sequence[jax.Array]]]
