@@ -41,6 +41,7 @@ from ._util import (
     gather_rows,
     index_dtype,
     segments_of_sorted,
+    slots_in,
 )
 
 
@@ -324,9 +325,9 @@ def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
         return RowSparse._make(
             jnp.zeros((0,) + a.shape[1:], dtype), jnp.zeros((0,), index_dtype()), a.shape
         )
-    pos = jnp.clip(jnp.searchsorted(b.indices, a.indices), 0, kb - 1)
-    hit = (b.indices[pos] == a.indices) & (a.indices < n)
-    prod = a.data.astype(dtype) * b.data[pos].astype(dtype)
+    pos = slots_in(b.indices, a.indices, n)  # kb where b lacks the row
+    hit = pos < kb
+    prod = a.data.astype(dtype) * gather_rows(b.data, pos).astype(dtype)
     # Compact the hits to the front, keeping their (sorted) order.
     (slots,) = jnp.nonzero(hit, size=a.capacity, fill_value=a.capacity)
     idx = a.indices.at[slots].get(mode="fill", fill_value=n)
