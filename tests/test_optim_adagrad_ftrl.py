@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, run_steps
+from test_optim_common import grad_sequence, run_optax_on_dense, run_steps
 
 import jaxsparse_rows as jsr
 
@@ -70,13 +70,7 @@ def test_lazy_adagrad_equals_optax_exactly(init, jit):
     ours = jsr.optim.lazy_adagrad(0.2, initial_accumulator_value=init)
     ref = optax.adagrad(0.2, initial_accumulator_value=init)
     w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit=jit)
-    w2, s2 = run_steps(
-        ref,
-        w0,
-        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-        jit=jit,
-        apply=optax.apply_updates,
-    )
+    w2, s2 = run_optax_on_dense(ref, w0, grads, jit=jit)
     tol = dict(rtol=1e-6, atol=0) if jit else dict(rtol=0, atol=0)
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), **tol)
     np.testing.assert_allclose(

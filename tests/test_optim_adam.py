@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, random_rows, run_steps
+from test_optim_common import grad_sequence, random_rows, run_optax_on_dense, run_steps
 
 import jaxsparse_rows as jsr
 
@@ -69,13 +69,7 @@ def test_every_row_touched_equals_optax(wd):
     else:
         ours, ref = jsr.optim.lazy_adam(0.05), optax.adam(0.05)
     w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, s2 = run_steps(
-        ref,
-        w0,
-        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-        jit=True,
-        apply=optax.apply_updates,
-    )
+    w2, s2 = run_optax_on_dense(ref, w0, grads, jit=True)
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(s1[0].nu), np.asarray(s2[0].nu), rtol=1e-6)
 
@@ -90,13 +84,7 @@ def test_lazy_false_equals_optax_adam(wd):
     else:
         ours, ref = jsr.optim.lazy_adam(0.05, lazy=False), optax.adam(0.05)
     w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, _ = run_steps(
-        ref,
-        w0,
-        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-        jit=True,
-        apply=optax.apply_updates,
-    )
+    w2, _ = run_optax_on_dense(ref, w0, grads, jit=True)
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
 
 

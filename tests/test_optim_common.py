@@ -55,6 +55,13 @@ def run_steps(opt, params, grads, jit, *, apply=jsr.optim.apply_updates):
     return params, state
 
 
+def run_optax_on_dense(ref, params, grads, jit):
+    """The reference: an optax optimizer fed the densified gradients of
+    ``grad_sequence`` (float32), applied with ``optax.apply_updates``."""
+    dense = [jnp.asarray(d, jnp.float32) for _, d, _ in grads]
+    return run_steps(ref, params, dense, jit=jit, apply=optax.apply_updates)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 def test_apply_updates_matches_optax(dtype, jit_mode):
     rng = np.random.default_rng(1)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, run_steps
+from test_optim_common import grad_sequence, run_optax_on_dense, run_steps
 
 import jaxsparse_rows as jsr
 
@@ -83,13 +83,7 @@ def test_lazy_false_equals_optax_sgd(nesterov):
     ours = jsr.optim.lazy_sgd(0.1, momentum=0.8, nesterov=nesterov, lazy=False)
     ref = optax.sgd(0.1, momentum=0.8, nesterov=nesterov)
     w1, _ = run_steps(ours, w0, [g for g, _, _ in grads], jit=True)
-    w2, _ = run_steps(
-        ref,
-        w0,
-        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-        jit=True,
-        apply=optax.apply_updates,
-    )
+    w2, _ = run_optax_on_dense(ref, w0, grads, jit=True)
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
 
 
@@ -97,13 +91,7 @@ def test_lazy_sgd_without_momentum_is_exactly_dense():
     grads = grad_sequence(4, 10, 8, (2,), capacity=3)
     w0 = jnp.asarray(np.random.default_rng(5).normal(size=(8, 2)), jnp.float32)
     w1, _ = run_steps(jsr.optim.lazy_sgd(0.3), w0, [g for g, _, _ in grads], jit=False)
-    w2, _ = run_steps(
-        optax.sgd(0.3),
-        w0,
-        [jnp.asarray(d, jnp.float32) for _, d, _ in grads],
-        jit=False,
-        apply=optax.apply_updates,
-    )
+    w2, _ = run_optax_on_dense(optax.sgd(0.3), w0, grads, jit=False)
     np.testing.assert_array_equal(np.asarray(w1), np.asarray(w2))
 
 
