@@ -36,6 +36,7 @@ from ._csr import CSR
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, is_sparse, stype
 from ._util import (
+    ROWSPARSE_INDEXING,
     broadcast_row_mask,
     coalesce_rows,
     gather_rows,
@@ -311,7 +312,7 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
         )
     data = sparse.data.astype(dtype)
     if isinstance(sparse, RowSparse):
-        return base.at[sparse.indices].add(data, mode="drop", indices_are_sorted=True)
+        return base.at[sparse.indices].add(data, mode="drop", **ROWSPARSE_INDEXING)
     return base.at[sparse.row_ids(), sparse.indices].add(data, mode="drop")
 
 

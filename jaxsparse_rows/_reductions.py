@@ -11,6 +11,7 @@ from ._config import log_inference
 from ._csr import CSR
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
+from ._util import ROWSPARSE_INDEXING
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -49,7 +50,7 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
             return jnp.sum(x.data, axis=0, keepdims=keepdims)
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
         out = jnp.zeros((x.shape[0],) + reduced.shape[1:], reduced.dtype)
-        return out.at[x.indices].set(reduced, mode="drop", indices_are_sorted=True)
+        return out.at[x.indices].set(reduced, mode="drop", **ROWSPARSE_INDEXING)
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
         out = jnp.zeros((x.shape[1],), data.dtype).at[x.indices].add(data, mode="drop")

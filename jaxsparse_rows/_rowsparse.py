@@ -13,6 +13,7 @@ from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
 from ._util import (
+    ROWSPARSE_INDEXING,
     broadcast_row_mask,
     capacity_check,
     check_static_int,
@@ -267,7 +268,7 @@ class RowSparse(SparseOperators):
                  [0, 0]], dtype=int32)
         """
         zeros = jnp.zeros(self.shape, self.data.dtype)
-        return zeros.at[self.indices].set(self.data, mode="drop", indices_are_sorted=True)
+        return zeros.at[self.indices].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

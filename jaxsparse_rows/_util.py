@@ -57,6 +57,13 @@ def capacity_check(ok: Any, message: str) -> None:
         checkify.debug_check(ok, message)
 
 
+# Flags for a gather or scatter at the indices of a RowSparse: they are sorted,
+# and unique apart from padding ids (== N), which ``mode="drop"`` / ``"fill"``
+# skip, so no two writes ever land on one row. Lets XLA split the scatter
+# across threads (and, on GPU, store without atomics).
+ROWSPARSE_INDEXING = {"indices_are_sorted": True, "unique_indices": True}
+
+
 def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Segment id of each element of a sorted array and a mask of segment starts."""
     m = sorted_keys.shape[0]

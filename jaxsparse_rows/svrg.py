@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from ._rowsparse import RowSparse
-from ._util import coalesce_rows
+from ._util import ROWSPARSE_INDEXING, coalesce_rows
 
 __all__ = [
     "SVRGState",
@@ -82,7 +82,7 @@ def _accumulate(acc: Any, grads: Any, weight: jax.Array) -> Any:
     def leaf(a, g):
         if _is_rsp(g):
             rows = (weight * g.data).astype(a.dtype)
-            return a.at[g.indices].add(rows, mode="drop", indices_are_sorted=True)
+            return a.at[g.indices].add(rows, mode="drop", **ROWSPARSE_INDEXING)
         return a + (weight * g).astype(a.dtype)
 
     return jax.tree.map(leaf, acc, grads, is_leaf=_is_rsp)
@@ -144,8 +144,8 @@ def _correct_leaf(gw: Any, gs: Any, mu: jax.Array, lazy: bool) -> Any:
         )
     dtype = gw.dtype
     if not lazy:
-        out = mu.astype(dtype).at[gw.indices].add(gw.data, mode="drop")
-        return out.at[gs.indices].add(-gs.data, mode="drop")
+        out = mu.astype(dtype).at[gw.indices].add(gw.data, mode="drop", **ROWSPARSE_INDEXING)
+        return out.at[gs.indices].add(-gs.data, mode="drop", **ROWSPARSE_INDEXING)
     n = gw.shape[0]
     ids = jnp.concatenate([gw.indices, gs.indices])
     data = jnp.concatenate([gw.data, -gs.data.astype(dtype)])

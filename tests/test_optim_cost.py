@@ -98,6 +98,9 @@ def test_no_full_table_intermediates_at_1e8_rows(name, apply):
     produced = {o for e, _ in big for o in e.outvars}
     for e, ins in big:
         assert e.invars[0] in ins or e.invars[0] in produced
+        # RowSparse indices are sorted and unique (padding is dropped): XLA is
+        # told so, and may split the scatter across threads.
+        assert e.params["indices_are_sorted"] and e.params["unique_indices"], e
 
 
 @pytest.mark.parametrize("name", sorted(OPTS))

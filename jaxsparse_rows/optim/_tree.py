@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._rowsparse import RowSparse, mask_padding
+from .._util import ROWSPARSE_INDEXING
 from .._util import gather_rows as _gather_rows
 
 PARAMS_REQUIRED = (
@@ -93,7 +94,7 @@ def gather_rows(x: jax.Array, indices: jax.Array) -> jax.Array:
 
 def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array:
     """``x`` with rows ``indices`` replaced by ``rows`` (padding ids dropped)."""
-    return x.at[indices].set(rows.astype(x.dtype), mode="drop", indices_are_sorted=True)
+    return x.at[indices].set(rows.astype(x.dtype), mode="drop", **ROWSPARSE_INDEXING)
 
 
 # Zeros the padding slots of update data so updates keep the RowSparse invariant.
