@@ -12,8 +12,8 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
-from ._rowsparse import _as_data, _as_index_array, _as_shape, dense_numpy, host_dense
-from ._util import capacity_check, check_static_int, index_dtype, is_concrete, shape_str
+from ._rowsparse import _as_index_array, _as_shape, dense_numpy, host_dense
+from ._util import as_data, capacity_check, check_static_int, index_dtype, is_concrete, shape_str
 
 
 def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
@@ -117,11 +117,7 @@ class CSR(SparseOperators):
         shape = _as_shape(shape)
         if len(shape) != 2:
             raise ValueError(f"CSR `shape` must be 2-D (M, K), got {shape}.")
-        if not isinstance(data, jax.Array):
-            data = np.asarray(data)
-            if data.dtype == np.float64 and not jax.config.jax_enable_x64:
-                data = data.astype(np.float32)
-        data = jnp.asarray(data)
+        data = as_data(data)
         indices = _as_index_array(indices, "indices")
         indptr = _as_index_array(indptr, "indptr")
         if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
@@ -364,7 +360,7 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     if not isinstance(arg, tuple):
         if isinstance(arg, list) and dtype is None:
             dtype = jnp.float32  # MXNet: Python lists default to float32
-        out = CSR.fromdense(_as_data(arg, dtype))
+        out = CSR.fromdense(as_data(arg, dtype))
         if shape is not None and _as_shape(shape) != out.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
         return out
@@ -378,11 +374,7 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     data, indices, indptr = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
-    if not isinstance(data, jax.Array):
-        data = np.asarray(data, dtype=dtype)
-        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
-            data = data.astype(np.float32)
-    data = jnp.asarray(data, dtype=dtype)
+    data = as_data(data, dtype)
     indices = _as_index_array(indices, "indices")
     indptr = _as_index_array(indptr, "indptr")
     if not is_concrete(data, indices, indptr) or len(shape) != 2 or indptr.ndim != 1:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._csr import CSR, csr_matrix
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import coalesce_rows, is_concrete
+from ._util import as_data, coalesce_rows, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
@@ -27,13 +27,7 @@ def from_scipy(m: Any) -> CSR:
     if not type(m).__module__.startswith("scipy.sparse"):
         raise TypeError(f"`m` must be a scipy.sparse matrix, got {type(m).__name__}.")
     m = m.tocsr()
-    data = np.asarray(m.data)
-    if data.dtype == np.float64:
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            data = data.astype(np.float32)
-    return csr_matrix((data, m.indices, m.indptr), shape=m.shape)
+    return csr_matrix((as_data(m.data), m.indices, m.indptr), shape=m.shape)
 
 
 def to_scipy(x: Any):

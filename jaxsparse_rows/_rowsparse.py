@@ -14,6 +14,7 @@ from jax.typing import ArrayLike
 from ._operators import SparseOperators
 from ._util import (
     ROWSPARSE_INDEXING,
+    as_data,
     broadcast_row_mask,
     capacity_check,
     check_static_int,
@@ -165,11 +166,7 @@ class RowSparse(SparseOperators):
         shape = _as_shape(shape)
         if len(shape) < 1:
             raise ValueError("`shape` must have at least one dimension (the rows), got ().")
-        if not isinstance(data, jax.Array):
-            data = np.asarray(data)
-            if data.dtype == np.float64 and not jax.config.jax_enable_x64:
-                data = data.astype(np.float32)
-        data = jnp.asarray(data)
+        data = as_data(data)
         indices = _as_index_array(indices)
         if data.ndim != len(shape):
             raise ValueError(
@@ -414,7 +411,7 @@ def row_sparse_array(
             return out.astype(dtype) if dtype is not None else out
         if isinstance(arg, list) and dtype is None:
             dtype = jnp.float32  # MXNet: Python lists default to float32
-        out = RowSparse.fromdense(_as_data(arg, dtype))
+        out = RowSparse.fromdense(as_data(arg, dtype))
         if shape is not None and _as_shape(shape) != out.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
         return out
@@ -428,7 +425,7 @@ def row_sparse_array(
     data, indices = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
-    data = _as_data(data, dtype)
+    data = as_data(data, dtype)
     idx = _as_index_array(indices)
     if data.ndim == len(shape) - 1 and idx.shape == (1,):
         data = data[None]
@@ -466,17 +463,6 @@ def row_sparse_array(
         data, jnp.asarray(inverse.reshape(-1).astype(index_dtype())), num_segments=len(uniq)
     )
     return RowSparse(summed.astype(data.dtype), jnp.asarray(uniq.astype(index_dtype())), shape)
-
-
-def _as_data(data: Any, dtype: Any) -> jax.Array:
-    """``jnp.asarray`` that keeps float64 numpy input as float32 when x64 is off."""
-    if dtype is not None:
-        dtype = jnp.dtype(dtype)
-    if not isinstance(data, jax.Array):
-        data = np.asarray(data, dtype=dtype)
-        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
-            data = data.astype(np.float32)
-    return jnp.asarray(data, dtype=dtype)
 
 
 def mask_padding(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:

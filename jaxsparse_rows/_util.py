@@ -64,6 +64,19 @@ def capacity_check(ok: Any, message: str) -> None:
 ROWSPARSE_INDEXING = {"indices_are_sorted": True, "unique_indices": True}
 
 
+def as_data(data: Any, dtype: Any = None) -> jax.Array:
+    """``jnp.asarray`` for the values of a sparse array; float64 numpy input (or
+    lists of floats) become float32 when x64 is off, without a truncation warning.
+    """
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+    if not isinstance(data, jax.Array):
+        data = np.asarray(data, dtype=dtype)
+        if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
+            data = data.astype(np.float32)
+    return jnp.asarray(data, dtype=dtype)
+
+
 def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Segment id of each element of a sorted array and a mask of segment starts."""
     m = sorted_keys.shape[0]
