@@ -17,8 +17,9 @@ Targets: the jsr step at least 30x faster than JAX dense and at least 1.8x
 faster than torch; peak resident memory of 100 steps (each path in its own
 subprocess; ``VmHWM`` where Linux has it, else ``ru_maxrss``; the first,
 compiling step included, and also reported without it) no more than
-(params + optimizer state) x 1.1 + 200 MB; compile time per step function reported, and no compilation after the
-first step (each timed step uses a different batch of ids of the same shape).
+(params + optimizer state) x 1.1 + 200 MB; compile time per step function
+reported, and no compilation after the first step (each timed step uses a
+different batch of ids of the same shape).
 ``--sweep`` adds V from 1e4 to 1e7 at B = 1024 and B from 64 to 16,384 (up to
 65,536 looked-up rows) at V = 1e6.
 

@@ -13,8 +13,9 @@ rows in cache.
 
 Targets, for each optimizer: at least 40x faster than dense optax, at least 1.8x
 faster than the torch sparse optimizer, within 1.25x of the floor. ``--sweep``
-adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in V) and K
-from 256 to 65,536 at fixed V.
+adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in V: its time
+may grow with V no more than 1.25x as fast as the floor's, whose growth is
+cache and TLB misses alone) and K from 256 to 65,536 at fixed V.
 
 Run ``python benchmarks/lazy_update.py --help`` for the options.
 """
@@ -358,13 +359,20 @@ def main(argv=None) -> None:
             rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
+        # "Flat in V": the compiled step does the same work at every V (tests
+        # check there is no [V, ...] intermediate), but a bigger table misses
+        # the caches and the TLB more often. The floor (K-row gathers and
+        # scatters only) shows that memory-system growth; the lazy step must
+        # not grow more than 1.25x faster than it.
         g = sw["growth"].get(fam.jsr_name)
-        if g is not None:
+        gf = sw["growth"].get(f"floor ({fam.key})")
+        if g is not None and gf is not None:
             rep.verdict(
                 f"{fam.jsr_name} flat in V",
-                g,
-                g <= 2.0,
-                f"grows {g:.2f}x over a {vs[-1] // vs[0]}x larger V (target: <= 2x)",
+                g / gf,
+                g <= 1.25 * gf,
+                f"grows {g:.2f}x over a {vs[-1] // vs[0]}x larger V; the floor grows "
+                f"{gf:.2f}x; ratio {g / gf:.2f} (target: <= 1.25)",
             )
         ks = [16, 64, 256] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
         rows = []

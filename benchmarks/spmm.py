@@ -5,6 +5,10 @@
 Default workload (issue 6): CSR [1024 x 1,000,000] with 32 entries per row
 times dense [1,000,000 x 64]; and that CSR transposed times dense [1024 x 64].
 
+Every contender cycles through a pool of 8 matrices with different column
+ids (as a training loop sees a new batch every step), so no timed call finds
+the previous call's rows of the dense operand in the cache.
+
 Targets: ``jsr.dot`` no slower than scipy and no slower than BCSR; the
 transpose product at least 5x faster than scipy's ``csr.T @ dense`` (which
 builds a dense [1,000,000 x 64] result).
@@ -15,6 +19,7 @@ Run ``python benchmarks/spmm.py --help`` for the options.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402
 
 import jaxsparse_rows as jsr  # noqa: E402
+
+N_MATRICES = 8  # size of the pool of CSR matrices cycled through
 
 
 def make_csr_arrays(m: int, n: int, per_row: int, seed: int = 0):
@@ -42,39 +49,57 @@ def make_csr_arrays(m: int, n: int, per_row: int, seed: int = 0):
     return data, cols.reshape(-1), indptr
 
 
-def forward_contenders(csr_arrays, shape, dense_np: np.ndarray) -> list[h.Contender]:
-    data, indices, indptr = csr_arrays
+def make_csr_pool(m: int, n: int, per_row: int, count: int = N_MATRICES):
+    """``count`` matrices of :func:`make_csr_arrays` with different column ids."""
+    return [make_csr_arrays(m, n, per_row, seed=s) for s in range(count)]
 
+
+def _cycling(fn, mats):
+    """A no-argument call that applies ``fn`` to the next matrix of ``mats``."""
+    pool = itertools.cycle(mats)
+    return lambda: fn(next(pool))
+
+
+def forward_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
     def jsr_setup():
-        csr = jsr.csr_matrix((data, indices.astype(np.int32), indptr.astype(np.int32)), shape)
+        mats = [
+            jsr.csr_matrix((dt, ix.astype(np.int32), ip.astype(np.int32)), shape)
+            for dt, ix, ip in pool
+        ]
         dense = jnp.asarray(dense_np)
         f = jax.jit(jsr.dot)
-        return lambda: f(csr, dense)
+        return _cycling(lambda a: f(a, dense), mats)
 
     def scipy_setup():
         sp = h.require("scipy.sparse")
-        mat = sp.csr_matrix((data, indices, indptr), shape=shape)
-        return lambda: mat @ dense_np
+        mats = [sp.csr_matrix(a, shape=shape) for a in pool]
+        return _cycling(lambda a: a @ dense_np, mats)
 
     def bcsr_setup():
         sparse = h.require("jax.experimental.sparse")
-        mat = sparse.BCSR(
-            (jnp.asarray(data), jnp.asarray(indices, jnp.int32), jnp.asarray(indptr, jnp.int32)),
-            shape=shape,
-        )
+        mats = [
+            sparse.BCSR(
+                (jnp.asarray(dt), jnp.asarray(ix, jnp.int32), jnp.asarray(ip, jnp.int32)),
+                shape=shape,
+            )
+            for dt, ix, ip in pool
+        ]
         dense = jnp.asarray(dense_np)
         f = jax.jit(lambda a, b: a @ b)
-        return lambda: f(mat, dense)
+        return _cycling(lambda a: f(a, dense), mats)
 
     def torch_setup():
         torch = h.require("torch")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-            mat = torch.sparse_csr_tensor(
-                torch.from_numpy(indptr), torch.from_numpy(indices), torch.from_numpy(data), shape
-            )
+            mats = [
+                torch.sparse_csr_tensor(
+                    torch.from_numpy(ip), torch.from_numpy(ix), torch.from_numpy(dt), shape
+                )
+                for dt, ix, ip in pool
+            ]
         dense = torch.from_numpy(dense_np)
-        return lambda: torch.sparse.mm(mat, dense)
+        return _cycling(lambda a: torch.sparse.mm(a, dense), mats)
 
     return [
         h.Contender("jsr.dot(csr, dense)", jsr_setup),
@@ -84,19 +109,20 @@ def forward_contenders(csr_arrays, shape, dense_np: np.ndarray) -> list[h.Conten
     ]
 
 
-def transpose_contenders(csr_arrays, shape, dense_np: np.ndarray) -> list[h.Contender]:
-    data, indices, indptr = csr_arrays
-
+def transpose_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
     def jsr_setup():
-        csr = jsr.csr_matrix((data, indices.astype(np.int32), indptr.astype(np.int32)), shape)
+        mats = [
+            jsr.csr_matrix((dt, ix.astype(np.int32), ip.astype(np.int32)), shape)
+            for dt, ix, ip in pool
+        ]
         dense = jnp.asarray(dense_np)
         f = jax.jit(functools.partial(jsr.dot, transpose_a=True))
-        return lambda: f(csr, dense)
+        return _cycling(lambda a: f(a, dense), mats)
 
     def scipy_setup():
         sp = h.require("scipy.sparse")
-        mat = sp.csr_matrix((data, indices, indptr), shape=shape)
-        return lambda: mat.T @ dense_np
+        mats = [sp.csr_matrix(a, shape=shape) for a in pool]
+        return _cycling(lambda a: a.T @ dense_np, mats)
 
     return [
         h.Contender("jsr.dot(csr, dense, transpose_a)", jsr_setup),
@@ -132,7 +158,7 @@ def main(argv=None) -> None:
     m, n, d = args.rows, args.cols, args.width
     rep = h.Report("spmm", args, {"rows": m, "cols": n, "nnz_per_row": args.nnz_per_row, "d": d})
     rng = np.random.default_rng(1)
-    arrays = make_csr_arrays(m, n, args.nnz_per_row)
+    arrays = make_csr_pool(m, n, args.nnz_per_row)
 
     dense = rng.standard_normal((n, d), dtype=np.float32)
     res = h.measure(forward_contenders(arrays, (m, n), dense), args.runs, budget_s=args.budget)
@@ -157,7 +183,7 @@ def main(argv=None) -> None:
         cols = [100, 1000, 10_000] if args.smoke else [10_000, 100_000, 1_000_000, 10_000_000]
         rows_fwd, rows_t = [], []
         for nc in cols:
-            arr = make_csr_arrays(m, nc, args.nnz_per_row)
+            arr = make_csr_pool(m, nc, args.nnz_per_row)
             dn = rng.standard_normal((nc, d), dtype=np.float32)
             cs = forward_contenders(arr, (m, nc), dn)[:2]
             rows_fwd.append((nc, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
@@ -171,7 +197,7 @@ def main(argv=None) -> None:
         ms = [16, 64] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
         rows_m = []
         for mm in ms:
-            arr = make_csr_arrays(mm, n, args.nnz_per_row)
+            arr = make_csr_pool(mm, n, args.nnz_per_row, count=2)
             dt = rng.standard_normal((mm, d), dtype=np.float32)
             ts = transpose_contenders(arr, (mm, n), dt)
             rows_m.append((mm, h.measure(ts, args.runs, budget_s=args.budget, interleave=False)))
