@@ -387,8 +387,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="torch intra-op threads (default 1: its fastest setting on a shared 2-core "
-        "machine, where 2 threads oversubscribe the cores; XLA's scatters/gathers are "
-        "single-threaded too)",
+        "machine, where 2 threads oversubscribe the cores)",
     )
     p.add_argument(
         "--without",

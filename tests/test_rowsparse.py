@@ -79,6 +79,17 @@ def test_float64_under_x64(jit_mode):
     assert x32.dtype == np.float32 and x32.indices.dtype == np.int32
 
 
+@pytest.mark.parametrize("dtype", [float, int, "float64"])
+def test_python_dtype_is_canonicalised_without_warning(dtype):
+    # `dtype=float` means float32 when x64 is off; filterwarnings=error turns
+    # a "float64 not available" truncation warning into a failure.
+    want = jax.dtypes.canonicalize_dtype(dtype)
+    r = jsr.row_sparse_array(([[1, 2]], [1]), shape=(3, 2), dtype=dtype)
+    c = jsr.csr_matrix(([1, 2], [0, 1], [0, 1, 2]), shape=(2, 2), dtype=dtype)
+    assert r.dtype == want and c.dtype == want
+    np.testing.assert_array_equal(np.asarray(c.todense()), [[1, 0], [0, 2]])
+
+
 # -- strict constructor ---------------------------------------------------------
 def test_strict_constructor_accepts_padding():
     x = jsr.RowSparse([[1.0], [0.0]], [1, 3], shape=(3, 1))
