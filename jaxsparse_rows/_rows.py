@@ -85,11 +85,14 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     cap = flat.shape[0] if size is None else check_static_int(size, "size")
     _check_id_range(flat, n, "ids")
     uniq, count = unique_rows(flat, n, cap)
-    capacity_check(
-        count <= cap,
-        f"pull_rows: `ids` hold more distinct rows than `size` = {cap}; rows would be "
-        "dropped. Raise `size` (the default, ids.size, never overflows).",
-    )
+    # At most min(ids.size, V) distinct rows: a capacity that large cannot
+    # overflow, so no check is emitted (see capacity_check for its cost).
+    if cap < min(flat.shape[0], n):
+        capacity_check(
+            count <= cap,
+            f"pull_rows: `ids` hold more distinct rows than `size` = {cap}; rows would be "
+            "dropped. Raise `size` (the default, ids.size, never overflows).",
+        )
     if n == 0:
         data = jnp.zeros((cap,) + tuple(table.shape[1:]), table.dtype)
     else:

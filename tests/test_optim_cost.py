@@ -138,6 +138,27 @@ def test_second_call_compiles_nothing(name):
 
 
 @pytest.mark.parametrize("name", sorted(OPTS))
+def test_embedding_training_step_has_no_effects(name):
+    # pull_rows + take + value_and_grad + a lazy optimizer: no checkify check
+    # (which would give the step an error effect and JAX's slow dispatch path).
+    opt = OPTS[name]()
+    params = {"emb": jnp.zeros((50, 3)), "b": jnp.zeros(3)}
+
+    def loss(view, ids):
+        return jnp.sum(jsr.take(view["emb"], ids).sum(axis=1) @ view["b"])
+
+    def step(params, state, ids):
+        view = dict(params, emb=jsr.pull_rows(params["emb"], ids))
+        _, grads = jsr.value_and_grad(loss)(view, ids)
+        updates, state = opt.update(grads, state, params)
+        return jsr.optim.apply_updates(params, updates), state
+
+    ids = jnp.array([[1, 4], [4, 7]])
+    jaxpr = jax.make_jaxpr(step)(params, opt.init(params), ids)
+    assert not jaxpr.effects, jaxpr.effects
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
 def test_state_is_an_ordinary_pytree(name):
     opt = OPTS[name]()
     params = {"emb": jnp.ones((6, 2)), "b": jnp.zeros(2)}

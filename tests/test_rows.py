@@ -106,6 +106,26 @@ def test_pull_rows_overflow_reported_by_checkify_under_jit():
 
 
 @pytest.mark.parametrize(
+    "make,can_overflow",
+    [
+        (lambda t, i: jsr.pull_rows(t, i), False),  # default size = ids.size
+        (lambda t, i: jsr.pull_rows(t, i, size=6), False),  # size >= ids.size
+        (lambda t, i: jsr.pull_rows(t[:3], i % 3, size=3), False),  # size >= V
+        (lambda t, i: jsr.pull_rows(t, i, size=2), True),
+        (lambda t, i: jsr.RowSparse.fromdense(t, max_rows=10), False),  # max_rows >= N
+        (lambda t, i: jsr.RowSparse.fromdense(t, max_rows=4), True),
+        (lambda t, i: jsr.CSR.fromdense(t, nse=20), False),  # nse >= M * K
+        (lambda t, i: jsr.CSR.fromdense(t, nse=5), True),
+    ],
+)
+def test_overflow_check_only_where_the_capacity_can_overflow(make, can_overflow):
+    # A checkify check gives the jitted function an error effect, which sends
+    # every call down JAX's slower dispatch path: emit it only when needed.
+    jaxpr = jax.make_jaxpr(make)(jnp.ones((10, 2)), jnp.array([1, 2, 3, 1]))
+    assert bool(jaxpr.effects) == can_overflow, jaxpr.effects
+
+
+@pytest.mark.parametrize(
     "table,ids,size,exc,match",
     [
         (np.ones((4, 2)), [0, 7], None, ValueError, r"`ids` must lie in \[0, 4\).*got 7"),
