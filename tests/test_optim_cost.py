@@ -62,9 +62,13 @@ def _sub_jaxprs(value):
 
 def _all_eqns(jaxpr):
     """``(eqn, inputs)`` for every primitive equation, nested calls, conds and
-    loops included; ``inputs`` are the variables of the jaxpr it sits in."""
+    loops included; ``inputs`` are the variables of the jaxpr it sits in. A
+    scatter's ``update_jaxpr`` (its combiner, e.g. ``add``) is not a nested
+    program: the scatter itself is yielded."""
     for eqn in jaxpr.eqns:
-        subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
+        subs = [
+            j for k, v in eqn.params.items() if k != "update_jaxpr" for j in _sub_jaxprs(v)
+        ]
         if subs:
             for sub in subs:
                 yield from _all_eqns(sub)
