@@ -66,9 +66,7 @@ def _all_eqns(jaxpr):
     scatter's ``update_jaxpr`` (its combiner, e.g. ``add``) is not a nested
     program: the scatter itself is yielded."""
     for eqn in jaxpr.eqns:
-        subs = [
-            j for k, v in eqn.params.items() if k != "update_jaxpr" for j in _sub_jaxprs(v)
-        ]
+        subs = [j for k, v in eqn.params.items() if k != "update_jaxpr" for j in _sub_jaxprs(v)]
         if subs:
             for sub in subs:
                 yield from _all_eqns(sub)
