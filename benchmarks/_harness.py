@@ -505,6 +505,29 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
+def flat_in_v_verdict(rep: Report, sweep: dict, name: str, floor: str, span: int) -> None:
+    """Records "``name`` flat in V": its growth over the sweep (from
+    :func:`sweep_table`) at most 1.25x the floor's growth.
+
+    The step does the same work at every V, but a bigger table misses the
+    caches and the TLB more often; the floor (gathers and scatters of the
+    touched rows only) shows that growth. A floor growth below 1 is noise and
+    counts as 1, so ``name`` is never asked to get faster with V.
+    """
+    g, gf = sweep["growth"].get(name), sweep["growth"].get(floor)
+    if g is None or gf is None:
+        rep.verdict(f"{name} flat in V", None, None, "skipped (no floor or jsr data)")
+        return
+    ref = max(gf, 1.0)
+    rep.verdict(
+        f"{name} flat in V",
+        g / ref,
+        g <= 1.25 * ref,
+        f"grows {g:.2f}x over a {span}x larger V; the floor grows {gf:.2f}x; "
+        f"ratio {g / ref:.2f} (target: <= 1.25)",
+    )
+
+
 def sweep_table(title: str, column: str, rows: list[tuple[Any, dict[str, Result]]]) -> dict:
     """Prints a sweep: one row per size, one column (median ms) per contender,
     and the growth of each contender from the first to the last size."""

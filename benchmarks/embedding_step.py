@@ -483,21 +483,7 @@ def main(argv=None) -> None:
             rows.append((vv, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
         sw = h.sweep_table(f"sweep: V at B={b}", "V", rows)
         rep.add("sweep_V", sw)
-        # As in lazy_update.py: the step does the same work at every V, but a
-        # bigger table misses the caches and the TLB more often; the floor
-        # shows that growth, and jsr may grow at most 1.25x as fast.
-        g, gf = sw["growth"].get(JSR), sw["growth"].get(FLOOR)
-        if g is not None and gf is not None:
-            ref = max(gf, 1.0)  # a floor that "shrinks" with V is noise
-            rep.verdict(
-                f"{JSR} flat in V",
-                g / ref,
-                g <= 1.25 * ref,
-                f"grows {g:.2f}x over a {vs[-1] // vs[0]}x larger V; the floor grows "
-                f"{gf:.2f}x; ratio {g / ref:.2f} (target: <= 1.25)",
-            )
-        else:
-            rep.verdict(f"{JSR} flat in V", None, None, "skipped (no floor or jsr data)")
+        h.flat_in_v_verdict(rep, sw, JSR, FLOOR, vs[-1] // vs[0])
         bs = [8, 32, 128] if args.smoke else [64, 256, 1024, 4096, 16_384]
         rows = []
         for bb in bs:

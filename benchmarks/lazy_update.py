@@ -359,25 +359,7 @@ def main(argv=None) -> None:
             rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
-        # "Flat in V": the compiled step does the same work at every V (tests
-        # check there is no [V, ...] intermediate), but a bigger table misses
-        # the caches and the TLB more often. The floor (K-row gathers and
-        # scatters only) shows that memory-system growth; the lazy step must
-        # not grow more than 1.25x faster than it.
-        g = sw["growth"].get(fam.jsr_name)
-        gf = sw["growth"].get(f"floor ({fam.key})")
-        if g is not None and gf is not None:
-            # A floor that "shrinks" with V is noise: never ask jsr to get faster.
-            ref = max(gf, 1.0)
-            rep.verdict(
-                f"{fam.jsr_name} flat in V",
-                g / ref,
-                g <= 1.25 * ref,
-                f"grows {g:.2f}x over a {vs[-1] // vs[0]}x larger V; the floor grows "
-                f"{gf:.2f}x; ratio {g / ref:.2f} (target: <= 1.25)",
-            )
-        else:
-            rep.verdict(f"{fam.jsr_name} flat in V", None, None, "skipped (no floor or jsr data)")
+        h.flat_in_v_verdict(rep, sw, fam.jsr_name, f"floor ({fam.key})", vs[-1] // vs[0])
         ks = [16, 64, 256] if args.smoke else [256, 1024, 4096, 16_384, 65_536]
         rows = []
         for k in ks:

@@ -61,20 +61,28 @@ def _cycling(fn, mats):
     return lambda: fn(next(pool))
 
 
+def _jsr_product(pool, shape, dense_np: np.ndarray, **dot_kw):
+    """Setup of ``jsr.dot(csr, dense, **dot_kw)`` cycling over the pool."""
+    mats = [
+        jsr.csr_matrix((dt, ix.astype(np.int32), ip.astype(np.int32)), shape) for dt, ix, ip in pool
+    ]
+    dense = jnp.asarray(dense_np)
+    f = jax.jit(functools.partial(jsr.dot, **dot_kw))
+    return _cycling(lambda a: f(a, dense), mats)
+
+
+def _scipy_product(pool, shape, product):
+    """Setup of ``product(scipy_csr)`` cycling over the pool."""
+    sp = h.require("scipy.sparse")
+    return _cycling(product, [sp.csr_matrix(a, shape=shape) for a in pool])
+
+
 def forward_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
     def jsr_setup():
-        mats = [
-            jsr.csr_matrix((dt, ix.astype(np.int32), ip.astype(np.int32)), shape)
-            for dt, ix, ip in pool
-        ]
-        dense = jnp.asarray(dense_np)
-        f = jax.jit(jsr.dot)
-        return _cycling(lambda a: f(a, dense), mats)
+        return _jsr_product(pool, shape, dense_np)
 
     def scipy_setup():
-        sp = h.require("scipy.sparse")
-        mats = [sp.csr_matrix(a, shape=shape) for a in pool]
-        return _cycling(lambda a: a @ dense_np, mats)
+        return _scipy_product(pool, shape, lambda a: a @ dense_np)
 
     def bcsr_setup():
         sparse = h.require("jax.experimental.sparse")
@@ -112,18 +120,10 @@ def forward_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
 
 def transpose_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
     def jsr_setup():
-        mats = [
-            jsr.csr_matrix((dt, ix.astype(np.int32), ip.astype(np.int32)), shape)
-            for dt, ix, ip in pool
-        ]
-        dense = jnp.asarray(dense_np)
-        f = jax.jit(functools.partial(jsr.dot, transpose_a=True))
-        return _cycling(lambda a: f(a, dense), mats)
+        return _jsr_product(pool, shape, dense_np, transpose_a=True)
 
     def scipy_setup():
-        sp = h.require("scipy.sparse")
-        mats = [sp.csr_matrix(a, shape=shape) for a in pool]
-        return _cycling(lambda a: a.T @ dense_np, mats)
+        return _scipy_product(pool, shape, lambda a: a.T @ dense_np)
 
     return [
         h.Contender("jsr.dot(csr, dense, transpose_a)", jsr_setup),
