@@ -53,6 +53,9 @@ from ._interop import from_bcoo as from_bcoo
 from ._interop import from_scipy as from_scipy
 from ._interop import to_bcoo as to_bcoo
 from ._interop import to_scipy as to_scipy
+from ._native import native_kernels_available as native_kernels_available
+from ._native import native_kernels_enabled as native_kernels_enabled
+from ._native import set_native_kernels as set_native_kernels
 from ._reductions import norm as norm
 from ._reductions import square_sum as square_sum
 from ._reductions import sum as sum  # noqa: A004
@@ -99,6 +102,8 @@ __all__ = [
     "is_verbose",
     "log1p",
     "multiply",
+    "native_kernels_available",
+    "native_kernels_enabled",
     "negative",
     "norm",
     "optim",
@@ -109,6 +114,7 @@ __all__ = [
     "retain",
     "rint",
     "row_sparse_array",
+    "set_native_kernels",
     "set_verbose",
     "sign",
     "sin",

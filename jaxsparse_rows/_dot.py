@@ -6,9 +6,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
+from . import _native
 from ._config import log_inference, warn_fallback
-from ._csr import CSR
+from ._csr import CSR, csr_row_ids
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
@@ -128,13 +130,55 @@ def _csr_rhs_rows(rhs: Any, ids: jax.Array) -> jax.Array:
     return gather_rows(rhs, ids)
 
 
+def _csr_dense_xla(vals, cols, indptr, table) -> jax.Array:
+    """``out[r] = sum_j vals[j] * table[cols[j]]`` over row ``r``'s entries, in XLA ops:
+    gather the rows, scale them, segment-sum them by row. Ids outside ``[0, K)``
+    read zero rows; slots past ``indptr[-1]`` (padding) are left out."""
+    m = indptr.shape[0] - 1
+    contrib = _rows_times(gather_rows(table, cols), vals)
+    row_ids = csr_row_ids(indptr, vals.shape[0])
+    return jax.ops.segment_sum(contrib, row_ids, num_segments=m, indices_are_sorted=True)
+
+
+@jax.custom_jvp
+def _csr_dense_native(vals, cols, indptr, table) -> jax.Array:
+    """:func:`_csr_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
+    return jax.lax.platform_dependent(
+        vals, cols, indptr, table, cpu=_native.csr_dense_call, default=_csr_dense_xla
+    )
+
+
+def _csr_dense_native_jvp(primals, tangents):
+    # The product is linear in vals and in table: its tangent is two XLA products,
+    # which JAX can transpose for reverse mode. Symbolic-zero tangents are skipped,
+    # so a gradient with respect to the table alone gathers nothing from it.
+    vals, cols, indptr, table = primals
+    d_vals, _, _, d_table = tangents
+    out = _csr_dense_native(vals, cols, indptr, table)
+    d_out = jnp.zeros_like(out)
+    if not isinstance(d_table, SymbolicZero):
+        d_out = d_out + _csr_dense_xla(vals, cols, indptr, d_table)
+    if not isinstance(d_vals, SymbolicZero):
+        d_out = d_out + _csr_dense_xla(d_vals, cols, indptr, table)
+    return out, d_out
+
+
+_csr_dense_native.defjvp(_csr_dense_native_jvp, symbolic_zeros=True)
+
+
 def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
-    """``lhs @ rhs``: gather rhs rows by column id, scale, segment-sum by row."""
-    m = lhs.shape[0]
+    """``lhs @ rhs``: for every row, the sum of its entries times the rhs rows they
+    select (the native CPU kernel where it applies, else XLA ops)."""
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
-    rows = _csr_rhs_rows(rhs, lhs.indices).astype(dtype)
-    contrib = _rows_times(rows, lhs.data.astype(dtype))
-    return jax.ops.segment_sum(contrib, lhs.row_ids(), num_segments=m, indices_are_sorted=True)
+    if isinstance(rhs, RowSparse):
+        cols, table = lookup_slots(rhs, lhs.indices), rhs.data
+    else:
+        cols, table = lhs.indices, jnp.asarray(rhs)
+    vals, table = lhs.data.astype(dtype), table.astype(dtype)
+    cols = cols.astype(lhs.indptr.dtype)
+    if _native.native_kernels_enabled() and _native.supports(vals, cols, lhs.indptr, table):
+        return _csr_dense_native(vals, cols, lhs.indptr, table)
+    return _csr_dense_xla(vals, cols, lhs.indptr, table)
 
 
 def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:

@@ -1,0 +1,190 @@
+"""Optional native CPU kernels, registered with XLA through its typed FFI.
+
+The package builds one small C++ library, ``_kernels``, at install time (see
+``setup.py``; the build is optional and needs only a C++17 compiler and
+jaxlib's FFI headers). When it is present and passes a self-test on first use,
+``jsr.dot(csr, dense)`` runs it on CPU: a fused gather-scale-accumulate loop
+that prefetches the rows it is about to read and splits the output rows over
+XLA's intra-op thread pool. Other platforms (GPU, TPU), other dtypes, and
+installs without the library run the pure-XLA implementation, which is the
+reference the kernel is tested against.
+
+The environment variable ``JAXSPARSE_ROWS_NATIVE=0`` turns the kernels off at
+import; :func:`set_native_kernels` does so at run time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+logger = logging.getLogger("jaxsparse_rows")
+
+CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
+_VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+_enabled = os.environ.get("JAXSPARSE_ROWS_NATIVE", "1").strip().lower() not in ("0", "false")
+_lock = threading.Lock()
+_status: str | None = None  # None: not loaded yet; "ok"; otherwise why the kernels are unusable
+_library: Any = None  # the loaded ctypes library, kept alive for the process
+
+
+def library_path() -> Path | None:
+    """The built kernel library next to this file, or None when it was not built."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_kernels{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _self_test() -> str:
+    """Runs the kernel on a small product with padding, an empty row, a missing
+    column and enough work for the threaded path; returns "ok" or what went wrong."""
+    rng = np.random.default_rng(0)
+    m, k, d, per_row = 64, 50, 48, 24
+    cols = np.stack([np.sort(rng.choice(k, per_row, replace=False)) for _ in range(m)])
+    cols[3, -1] = k  # an id with no row reads zero
+    indptr = np.arange(0, (m + 1) * per_row, per_row, dtype=np.int32)
+    indptr[5:] -= per_row  # row 4 is empty ...
+    vals = rng.standard_normal(m * per_row).astype(np.float32)
+    cols = cols.reshape(-1).astype(np.int32)
+    table = rng.standard_normal((k, d)).astype(np.float32)  # ... and the last row is padding
+    expected = np.zeros((m, d), np.float64)
+    for r in range(m):
+        for j in range(indptr[r], indptr[r + 1]):
+            if cols[j] < k:
+                expected[r] += float(vals[j]) * table[cols[j]].astype(np.float64)
+    cpu = jax.devices("cpu")[0]
+    with jax.transfer_guard("allow"), jax.default_device(cpu):
+        got = jax.jit(csr_dense_call)(vals, cols, indptr, table)
+        got = np.asarray(jax.block_until_ready(got))
+    if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
+        return "the self-test product differed from numpy"
+    return "ok"
+
+
+def _load() -> str:
+    global _library
+    path = library_path()
+    if path is None:
+        return "the _kernels library was not built (it needs a C++17 compiler at install time)"
+    try:
+        _library = ctypes.cdll.LoadLibrary(str(path))
+        jax.ffi.register_ffi_target(
+            CSR_DENSE_TARGET, jax.ffi.pycapsule(_library.jsr_csr_dense), platform="cpu"
+        )
+        return _self_test()
+    except Exception as err:  # any failure means: use the XLA path
+        return f"{type(err).__name__}: {err}"
+
+
+def status() -> str:
+    """``"ok"`` when the native kernels are loaded and verified, else the reason
+    they are not used. Loads them on the first call.
+
+    Example:
+      >>> from jaxsparse_rows import _native
+      >>> isinstance(_native.status(), str)
+      True
+    """
+    global _status
+    with _lock:
+        if _status is None:
+            _status = _load()
+            if _status != "ok":
+                logger.info("native kernels unavailable, using XLA: %s", _status)
+        return _status
+
+
+def native_kernels_available() -> bool:
+    """Whether the native CPU kernels were built, loaded and passed their self-test.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> isinstance(jsr.native_kernels_available(), bool)
+      True
+    """
+    return status() == "ok"
+
+
+def native_kernels_enabled() -> bool:
+    """Whether ops traced from now on use the native CPU kernels (available and
+    not turned off by :func:`set_native_kernels` or ``JAXSPARSE_ROWS_NATIVE=0``).
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> jsr.native_kernels_enabled() == jsr.native_kernels_available()
+      True
+    """
+    return _enabled and native_kernels_available()
+
+
+def set_native_kernels(enabled: bool = True) -> None:
+    """Turns the native CPU kernels on or off.
+
+    They are on by default wherever they were built. Turning them off makes
+    every op use its pure-XLA implementation, e.g. to compare the two. The
+    choice is made when a function is traced, so a change clears JAX's
+    compilation caches (``jax.clear_caches()``) to make already-jitted
+    functions retrace.
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> jsr.set_native_kernels(False); jsr.native_kernels_enabled()
+      False
+      >>> jsr.set_native_kernels(True)
+    """
+    global _enabled
+    enabled = bool(enabled)
+    if enabled != _enabled:
+        _enabled = enabled
+        jax.clear_caches()
+
+
+def supports(vals: Any, cols: Any, indptr: Any, table: Any) -> bool:
+    """Whether the CSR x dense kernel handles these operands (dtypes, sizes)."""
+    vdt, idt = np.dtype(vals.dtype), np.dtype(cols.dtype)
+    return (
+        vdt in _VALUE_DTYPES
+        and np.dtype(table.dtype) == vdt
+        and idt in _INDEX_DTYPES
+        and np.dtype(indptr.dtype) == idt
+        and table.ndim >= 1
+        and vals.size > 0
+        and table.size > 0
+        and indptr.size > 1
+    )
+
+
+def csr_dense_call(vals: Any, cols: Any, indptr: Any, table: Any) -> jax.Array:
+    """The raw FFI call: ``out[r] = sum_j vals[j] * table[cols[j]]`` over row ``r``'s
+    entries ``indptr[r] <= j < indptr[r+1]``; ids outside ``[0, K)`` read zero.
+
+    CPU only and not differentiable by itself: ``jsr.dot`` wraps it with a JVP
+    written in XLA ops. Batching runs the kernel once per batch element.
+    """
+    out = jax.ShapeDtypeStruct((indptr.shape[0] - 1,) + tuple(table.shape[1:]), table.dtype)
+    call = jax.ffi.ffi_call(CSR_DENSE_TARGET, out, vmap_method="sequential")
+    return call(vals, cols, indptr, table)
+
+
+__all__ = [
+    "native_kernels_available",
+    "native_kernels_enabled",
+    "set_native_kernels",
+    "status",
+    "supports",
+    "csr_dense_call",
+    "library_path",
+]

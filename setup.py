@@ -1,0 +1,47 @@
+"""Builds the optional native CPU kernels (``jaxsparse_rows/_native/_kernels``).
+
+Everything else is declared in ``pyproject.toml``. The extension is optional:
+without a C++17 compiler, or without jaxlib's FFI headers in the build
+environment, the install still succeeds and ``jsr.dot`` runs its XLA path.
+"""
+
+import importlib.util
+import os
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _jaxlib_include() -> str:
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    include = Path(next(iter(spec.submodule_search_locations))) / "include"
+    return str(include) if (include / "xla" / "ffi" / "api" / "ffi.h").exists() else ""
+
+
+class BuildKernels(build_ext):
+    """Adds jaxlib's FFI headers; the library is loaded with ctypes, not imported."""
+
+    def build_extension(self, ext):
+        include = _jaxlib_include()
+        if not include:
+            message = f"{ext.name}: jaxlib's FFI headers not found"
+            if not ext.optional:
+                raise RuntimeError(message)
+            self.warn(message + ", skipping the native kernels")
+            return
+        ext.include_dirs.append(include)
+        super().build_extension(ext)
+
+
+kernels = Extension(
+    "jaxsparse_rows._native._kernels",
+    sources=["jaxsparse_rows/_native/csr_dense.cc"],
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O3", "-DNDEBUG"],
+    optional=os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") != "1",
+)
+
+setup(ext_modules=[kernels], cmdclass={"build_ext": BuildKernels})
