@@ -1,0 +1,291 @@
+"""The native CPU kernel behind ``jsr.dot(csr, dense)``: built, used, and equal to
+the XLA path and to a numpy oracle, with autodiff, vmap and malformed input."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import _native
+from jaxsparse_rows._dot import _csr_dense_native, _csr_dense_xla
+
+REQUIRED = os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") == "1"
+TARGET = _native.CSR_DENSE_TARGET
+
+needs_kernels = pytest.mark.skipif(
+    not REQUIRED and not _native.native_kernels_available(),
+    reason=f"native kernels not built here: {_native.status()}",
+)
+
+
+def test_kernels_built_where_required():
+    """CI sets JAXSPARSE_ROWS_REQUIRE_NATIVE=1, so there the kernels must load."""
+    if not REQUIRED:
+        pytest.skip("JAXSPARSE_ROWS_REQUIRE_NATIVE is not set")
+    assert _native.status() == "ok", _native.status()
+    assert _native.library_path() is not None
+
+
+def _oracle(vals, cols, indptr, table):
+    """float64 numpy product; ids outside [0, K) read a zero row (0 * value)."""
+    vals, table = np.asarray(vals, np.float64), np.asarray(table, np.float64)
+    m, k = len(indptr) - 1, table.shape[0]
+    out = np.zeros((m,) + table.shape[1:])
+    for r in range(m):
+        for j in range(indptr[r], indptr[r + 1]):
+            row = table[cols[j]] if 0 <= cols[j] < k else np.zeros(table.shape[1:])
+            out[r] += vals[j] * row
+    return out
+
+
+def _random_problem(rng, m, k, d, max_row, pad, dtype=np.float32, idtype=np.int32):
+    lengths = rng.integers(0, max_row + 1, size=m)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(idtype)
+    nnz = int(indptr[-1])
+    cols = rng.integers(0, max(k, 1), size=nnz + pad).astype(idtype)
+    cols[nnz:] = k  # padding slots, as CSR pads them
+    vals = rng.standard_normal(nnz + pad).astype(dtype)
+    shape = (k,) if d is None else (k, d)
+    table = rng.standard_normal(shape).astype(dtype)
+    return vals, cols, indptr, table
+
+
+def _both_paths(vals, cols, indptr, table):
+    args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
+    native = jax.jit(_csr_dense_native)(*args)
+    xla = jax.jit(_csr_dense_xla)(*args)
+    return np.asarray(native), np.asarray(xla)
+
+
+@needs_kernels
+@given(
+    m=st.integers(1, 40),
+    k=st.integers(1, 30),
+    d=st.sampled_from([None, 1, 3, 64]),
+    max_row=st.integers(0, 12),
+    pad=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_native_matches_oracle_and_xla(m, k, d, max_row, pad, seed):
+    rng = np.random.default_rng(seed)
+    vals, cols, indptr, table = _random_problem(rng, m, k, d, max_row, pad)
+    if vals.size == 0:
+        vals, cols = np.ones(1, np.float32), np.full(1, k, np.int32)  # one padding slot
+    native, xla = _both_paths(vals, cols, indptr, table)
+    expected = _oracle(vals, cols, indptr, table)
+    np.testing.assert_allclose(native, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(native, xla, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("idtype", [np.int32, np.int64])
+def test_native_dtypes(rng, dtype, idtype):
+    with jax.enable_x64(True):
+        vals, cols, indptr, table = _random_problem(rng, 30, 20, 5, 6, 2, dtype, idtype)
+        args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
+        assert _native.supports(*args)
+        hlo = jax.jit(_csr_dense_native).lower(*args).as_text()
+        assert TARGET in hlo
+        out = jax.jit(_csr_dense_native)(*args)
+        assert out.dtype == dtype
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(
+            np.asarray(out), _oracle(vals, cols, indptr, table), rtol=tol, atol=tol
+        )
+
+
+@needs_kernels
+def test_threaded_path_is_correct_and_deterministic(rng):
+    """Work above the threading threshold splits rows over XLA's pool; every row
+    is still summed in entry order by one thread, so repeated calls agree bitwise."""
+    vals, cols, indptr, table = _random_problem(rng, 700, 5000, 64, 60, 5)
+    assert vals.size * 64 > 1 << 16
+    f = jax.jit(_csr_dense_native)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
+    first = np.asarray(f(*args))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(*args)), first)
+    np.testing.assert_allclose(first, _oracle(vals, cols, indptr, table), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_dot_uses_the_kernel_only_when_enabled():
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    y = jnp.arange(10.0).reshape(5, 2)
+    expected = x.asnumpy() @ np.asarray(y)
+    assert jsr.native_kernels_enabled()
+    assert TARGET in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
+    np.testing.assert_allclose(jsr.dot(x, y), expected)
+    try:
+        jsr.set_native_kernels(False)
+        assert not jsr.native_kernels_enabled()
+        assert TARGET not in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
+        np.testing.assert_allclose(jsr.dot(x, y), expected)
+    finally:
+        jsr.set_native_kernels(True)
+    assert jsr.native_kernels_enabled()
+
+
+@needs_kernels
+def test_unsupported_dtypes_use_xla():
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5), dtype=jnp.float16)
+    y = jnp.ones((5, 2), jnp.float16)
+    hlo = jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
+    assert TARGET not in hlo
+    np.testing.assert_allclose(np.asarray(jsr.dot(x, y), np.float32), [[15, 15], [0, 0], [9, 9]])
+
+
+@needs_kernels
+def test_rowsparse_rhs_missing_rows_read_zero_and_propagate_nan():
+    """Ids absent from a RowSparse rhs read a zero row: 0 adds nothing, but a
+    non-finite CSR value times that zero row is NaN, as in the dense product."""
+    x = jsr.csr_matrix(([1.0, np.inf, 2.0], [0, 1, 3], [0, 2, 3]), shape=(2, 4))
+    rhs = jsr.row_sparse_array(([[1.0, 2.0], [3.0, 4.0]], [0, 3]), shape=(4, 2))
+    with np.errstate(invalid="ignore"):
+        expected = x.asnumpy() @ rhs.asnumpy()
+    for fn in (jsr.dot, jax.jit(jsr.dot)):
+        out = np.asarray(fn(x, rhs))
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+        np.testing.assert_allclose(out[1], expected[1])
+    assert TARGET in jax.jit(jsr.dot).lower(x, rhs).as_text()
+
+
+@needs_kernels
+def test_gradients_match_the_xla_path(rng):
+    vals, cols, indptr, table = _random_problem(rng, 6, 9, 3, 4, 2)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
+
+    def loss(fn):
+        return lambda v, t: jnp.sum(jnp.sin(fn(v, args[1], args[2], t)))
+
+    g_native = jax.jit(jax.grad(loss(_csr_dense_native), argnums=(0, 1)))(args[0], args[3])
+    g_xla = jax.jit(jax.grad(loss(_csr_dense_xla), argnums=(0, 1)))(args[0], args[3])
+    for a, b in zip(g_native, g_xla, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    jax.test_util.check_grads(
+        lambda v, t: _csr_dense_native(v, args[1], args[2], t),
+        (args[0], args[3]),
+        order=1,
+        modes=["fwd", "rev"],
+        atol=1e-2,
+        rtol=1e-2,
+    )
+
+
+@needs_kernels
+def test_gradient_wrt_table_gathers_nothing_from_it():
+    """The table gradient's program gathers only from the [M, D] cotangent,
+    never from the [K, D] table (the native product is the only forward pass)."""
+    k, d = 1000, 8
+    x = jsr.csr_matrix(([1.0, 2.0, 3.0], [4, 7, 999], [0, 2, 3]), shape=(2, k))
+    table = jnp.ones((k, d))
+    grad = jax.grad(lambda t: jnp.sum(jsr.dot(x, t) ** 2))
+    hlo = jax.jit(grad).lower(table).as_text()
+    operands = re.findall(r"\"stablehlo\.gather\".*? : \((tensor<[^>]*>)", hlo)
+    assert operands, "expected the cotangent gather"
+    assert f"tensor<{k}x{d}xf32>" not in operands, operands
+    assert TARGET in hlo  # the primal product (needed for the square) runs natively
+    g_ref = jax.grad(lambda t: jnp.sum((jnp.asarray(x.asnumpy()) @ t) ** 2))(table)
+    np.testing.assert_allclose(grad(table), g_ref, rtol=1e-6)
+
+
+@needs_kernels
+def test_jvp_in_the_table_alone_skips_the_values_term():
+    """Symbolic-zero tangents: a JVP in the table alone computes no XLA product
+    of the (zero) value tangents, which would gather from the [K, D] table."""
+    x = jsr.csr_matrix(([1.0, 2.0, 3.0], [4, 7, 99], [0, 2, 3]), shape=(2, 100))
+    table = jnp.ones((100, 8))
+    closed = jax.make_jaxpr(lambda t, dt: jax.jvp(lambda u: jsr.dot(x, u), (t,), (dt,)))(
+        table, table
+    )
+    t_var, dt_var = closed.jaxpr.invars
+    sources = [e.invars[0] for e in closed.jaxpr.eqns if e.primitive.name == "gather"]
+    assert dt_var in sources
+    assert t_var not in sources
+
+
+@needs_kernels
+def test_vmap_runs_the_kernel_per_batch_element(rng):
+    vals, cols, indptr, _ = _random_problem(rng, 5, 7, 2, 4, 1)
+    tables = jnp.asarray(rng.standard_normal((3, 7, 2)).astype(np.float32))
+    f = jax.jit(jax.vmap(lambda t: _csr_dense_native(vals, cols, indptr, t)))
+    out = f(tables)
+    for b in range(3):
+        np.testing.assert_allclose(
+            out[b], _oracle(vals, cols, indptr, np.asarray(tables[b])), rtol=1e-5, atol=1e-5
+        )
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "cols,indptr",
+    [
+        ([0, 1, 2, 3], [0, 3, 1]),  # decreasing indptr
+        ([0, 1, 2, 3], [2, 9, 40]),  # indptr past nse
+        ([-5, 1, 2**30, 3], [0, 2, 4]),  # negative and huge column ids
+        ([0, 1, 2, 3], [-7, 2, 4]),  # negative indptr
+    ],
+)
+def test_malformed_input_is_memory_safe(cols, indptr):
+    """Under jit the values are not checked (``jsr.check`` does that); the kernel
+    clamps every index it reads, so malformed input gives some values, no crash."""
+    vals = jnp.ones(4)
+    table = jnp.arange(12.0).reshape(4, 3)
+    out = jax.jit(_csr_dense_native)(
+        vals, jnp.asarray(cols, jnp.int32), jnp.asarray(indptr, jnp.int32), table
+    )
+    assert out.shape == (len(indptr) - 1, 3)
+    assert np.isfinite(np.asarray(out)).all()
+
+
+def test_missing_library_falls_back_to_xla(monkeypatch):
+    """Without the built library the status says why and dot runs its XLA path."""
+    monkeypatch.setattr(_native, "_status", None)
+    monkeypatch.setattr(_native, "library_path", lambda: None)
+    assert not jsr.native_kernels_available()
+    assert "not built" in _native.status()
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    y = jnp.ones((5, 2))
+    assert TARGET not in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
+    np.testing.assert_allclose(jsr.dot(x, y), [[15, 15], [0, 0], [9, 9]])
+
+
+def test_environment_variable_turns_the_kernels_off():
+    code = "import jaxsparse_rows as jsr; print(jsr.native_kernels_enabled())"
+    env = dict(os.environ, JAXSPARSE_ROWS_NATIVE="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+@needs_kernels
+def test_first_use_inside_jit_loads_the_kernels():
+    """The lazy load and self-test run when the first product is traced inside
+    ``jax.jit``; nothing of the self-test may leak into that trace."""
+    code = (
+        "import jax, jax.numpy as jnp, jaxsparse_rows as jsr\n"
+        "from jaxsparse_rows import _native\n"
+        "x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))\n"
+        "lowered = jax.jit(jsr.dot).lower(x, jnp.ones((5, 2)))\n"
+        "print(_native.status(), _native.CSR_DENSE_TARGET in lowered.as_text())\n"
+        "print(jax.jit(jsr.dot)(x, jnp.ones((5, 2))).tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == "ok True"
+    assert out[1] == "[[15.0, 15.0], [0.0, 0.0], [9.0, 9.0]]"
