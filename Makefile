@@ -11,12 +11,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# One stamp per extras set, redone whenever pyproject.toml changes.
-$(VENV)/.stamp-%: pyproject.toml | $(PY)
+# One stamp per extras set, redone whenever the build inputs change (the editable
+# install compiles the optional native kernels in place).
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard jaxsparse_rows/_native/*.cc)
+
+$(VENV)/.stamp-%: $(BUILD_INPUTS) | $(PY)
 	$(PIP) install --quiet -e ".[$*]"
 	touch $@
 
-$(VENV)/.stamp-base: pyproject.toml | $(PY)
+$(VENV)/.stamp-base: $(BUILD_INPUTS) | $(PY)
 	$(PIP) install --quiet -e .
 	touch $@
 
@@ -44,4 +47,4 @@ lint: $(VENV)/.stamp-lint
 	$(VENV)/bin/ruff format --check jaxsparse_rows tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) site .pytest_cache
+	rm -rf $(VENV) site .pytest_cache build jaxsparse_rows/_native/_kernels*.so
