@@ -55,6 +55,7 @@ from ._interop import to_bcoo as to_bcoo
 from ._interop import to_scipy as to_scipy
 from ._native import native_kernels_available as native_kernels_available
 from ._native import native_kernels_enabled as native_kernels_enabled
+from ._native import native_kernels_status as native_kernels_status
 from ._native import set_native_kernels as set_native_kernels
 from ._reductions import norm as norm
 from ._reductions import square_sum as square_sum
@@ -104,6 +105,7 @@ __all__ = [
     "multiply",
     "native_kernels_available",
     "native_kernels_enabled",
+    "native_kernels_status",
     "negative",
     "norm",
     "optim",

@@ -26,7 +26,7 @@ TARGET = _native.CSR_DENSE_TARGET
 
 needs_kernels = pytest.mark.skipif(
     not REQUIRED and not _native.native_kernels_available(),
-    reason=f"native kernels not built here: {_native.status()}",
+    reason=f"native kernels not built here: {_native.native_kernels_status()}",
 )
 
 
@@ -34,7 +34,7 @@ def test_kernels_built_where_required():
     """CI sets JAXSPARSE_ROWS_REQUIRE_NATIVE=1, so there the kernels must load."""
     if not REQUIRED:
         pytest.skip("JAXSPARSE_ROWS_REQUIRE_NATIVE is not set")
-    assert _native.status() == "ok", _native.status()
+    assert _native.native_kernels_status() == "ok", _native.native_kernels_status()
     assert _native.library_path() is not None
 
 
@@ -256,7 +256,7 @@ def test_missing_library_falls_back_to_xla(monkeypatch):
     monkeypatch.setattr(_native, "_status", None)
     monkeypatch.setattr(_native, "library_path", lambda: None)
     assert not jsr.native_kernels_available()
-    assert "not built" in _native.status()
+    assert "not built" in _native.native_kernels_status()
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
     y = jnp.ones((5, 2))
     assert TARGET not in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
@@ -281,7 +281,7 @@ def test_first_use_inside_jit_loads_the_kernels():
         "from jaxsparse_rows import _native\n"
         "x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))\n"
         "lowered = jax.jit(jsr.dot).lower(x, jnp.ones((5, 2)))\n"
-        "print(_native.status(), _native.CSR_DENSE_TARGET in lowered.as_text())\n"
+        "print(_native.native_kernels_status(), _native.CSR_DENSE_TARGET in lowered.as_text())\n"
         "print(jax.jit(jsr.dot)(x, jnp.ones((5, 2))).tolist())\n"
     )
     out = subprocess.run(

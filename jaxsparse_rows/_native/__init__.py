@@ -92,13 +92,14 @@ def _load() -> str:
         return f"{type(err).__name__}: {err}"
 
 
-def status() -> str:
-    """``"ok"`` when the native kernels are loaded and verified, else the reason
-    they are not used. Loads them on the first call.
+def native_kernels_status() -> str:
+    """``"ok"`` when the native CPU kernels are loaded and verified, else the
+    reason they are not used (e.g. not built). Loads them on the first call.
 
     Example:
-      >>> from jaxsparse_rows import _native
-      >>> isinstance(_native.status(), str)
+      >>> import jaxsparse_rows as jsr
+      >>> status = jsr.native_kernels_status()
+      >>> (status == "ok") == jsr.native_kernels_available()
       True
     """
     global _status
@@ -118,7 +119,7 @@ def native_kernels_available() -> bool:
       >>> isinstance(jsr.native_kernels_available(), bool)
       True
     """
-    return status() == "ok"
+    return native_kernels_status() == "ok"
 
 
 def native_kernels_enabled() -> bool:
@@ -186,7 +187,7 @@ __all__ = [
     "native_kernels_available",
     "native_kernels_enabled",
     "set_native_kernels",
-    "status",
+    "native_kernels_status",
     "supports",
     "csr_dense_call",
     "library_path",
