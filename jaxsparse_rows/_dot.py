@@ -149,17 +149,19 @@ def _csr_dense_native(vals, cols, indptr, table) -> jax.Array:
 
 
 def _csr_dense_native_jvp(primals, tangents):
-    # The product is linear in vals and in table: its tangent is two XLA products,
-    # which JAX can transpose for reverse mode. Symbolic-zero tangents are skipped,
-    # so a gradient with respect to the table alone gathers nothing from it.
+    # The product is linear in vals and in table: its tangent is the sum of two XLA
+    # products, which JAX can transpose for reverse mode. A symbolic-zero tangent
+    # drops its product, so e.g. a JVP in the table alone never runs the values'
+    # product (a second full gather from the table).
     vals, cols, indptr, table = primals
     d_vals, _, _, d_table = tangents
     out = _csr_dense_native(vals, cols, indptr, table)
-    d_out = jnp.zeros_like(out)
+    terms = []
     if not isinstance(d_table, SymbolicZero):
-        d_out = d_out + _csr_dense_xla(vals, cols, indptr, d_table)
+        terms.append(_csr_dense_xla(vals, cols, indptr, d_table))
     if not isinstance(d_vals, SymbolicZero):
-        d_out = d_out + _csr_dense_xla(d_vals, cols, indptr, table)
+        terms.append(_csr_dense_xla(d_vals, cols, indptr, table))
+    d_out = sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
     return out, d_out
 
 
