@@ -130,12 +130,16 @@ def _csr_rhs_rows(rhs: Any, ids: jax.Array) -> jax.Array:
     return gather_rows(rhs, ids)
 
 
-def _csr_dense_xla(vals, cols, indptr, table) -> jax.Array:
+def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     """``out[r] = sum_j vals[j] * table[cols[j]]`` over row ``r``'s entries, in XLA ops:
-    gather the rows, scale them, segment-sum them by row. Ids outside ``[0, K)``
-    read zero rows; slots past ``indptr[-1]`` (padding) are left out."""
+    gather the rows, cast them to ``dtype`` (default: the table's), scale them,
+    segment-sum them by row. Ids outside ``[0, K)`` read zero rows; slots past
+    ``indptr[-1]`` (padding) are left out. Only the gathered rows are cast, never
+    the whole table."""
     m = indptr.shape[0] - 1
-    contrib = _rows_times(gather_rows(table, cols), vals)
+    dtype = table.dtype if dtype is None else dtype
+    rows = gather_rows(table, cols).astype(dtype)
+    contrib = _rows_times(rows, vals.astype(dtype))
     row_ids = csr_row_ids(indptr, vals.shape[0])
     return jax.ops.segment_sum(contrib, row_ids, num_segments=m, indices_are_sorted=True)
 
@@ -176,11 +180,18 @@ def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
         cols, table = lookup_slots(rhs, lhs.indices), rhs.data
     else:
         cols, table = lhs.indices, jnp.asarray(rhs)
-    vals, table = lhs.data.astype(dtype), table.astype(dtype)
     cols = cols.astype(lhs.indptr.dtype)
-    if _native.native_kernels_enabled() and _native.supports(vals, cols, lhs.indptr, table):
-        return _csr_dense_native(vals, cols, lhs.indptr, table)
-    return _csr_dense_xla(vals, cols, lhs.indptr, table)
+    # The kernel takes operands that already share the result dtype; anything
+    # else would need a cast of the whole [K, D] table first, so it runs in XLA,
+    # which casts only the gathered rows.
+    same = lhs.data.dtype == dtype and table.dtype == dtype
+    if (
+        same
+        and _native.native_kernels_enabled()
+        and _native.supports(lhs.data, cols, lhs.indptr, table)
+    ):
+        return _csr_dense_native(lhs.data, cols, lhs.indptr, table)
+    return _csr_dense_xla(lhs.data, cols, lhs.indptr, table, dtype)
 
 
 def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:

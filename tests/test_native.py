@@ -284,8 +284,95 @@ def test_first_use_inside_jit_loads_the_kernels():
         "print(_native.native_kernels_status(), _native.CSR_DENSE_TARGET in lowered.as_text())\n"
         "print(jax.jit(jsr.dot)(x, jnp.ones((5, 2))).tolist())\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "JAXSPARSE_ROWS_NATIVE"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     assert out[0] == "ok True"
     assert out[1] == "[[15.0, 15.0], [0.0, 0.0], [9.0, 9.0]]"
+
+
+@needs_kernels
+def test_mixed_dtypes_run_in_xla_without_casting_the_table():
+    """float32 values times a bfloat16 table: the kernel would need a float32 copy
+    of the whole [K, D] table, so XLA runs it and casts only the gathered rows."""
+    k, d = 500, 4
+    x = jsr.csr_matrix(([1.5, -2.0, 3.0], [4, 7, 499], [0, 2, 3]), shape=(2, k))
+    table = jnp.asarray(np.random.default_rng(0).standard_normal((k, d)), jnp.bfloat16)
+    hlo = jax.jit(jsr.dot).lower(x, table).as_text()
+    assert TARGET not in hlo
+    assert f"tensor<{k}x{d}xf32>" not in hlo
+    out = jsr.dot(x, table)
+    assert out.dtype == jnp.float32
+    expected = x.asnumpy() @ np.asarray(table, np.float32)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+@needs_kernels
+def test_out_of_range_ids_match_xla_exactly():
+    """Negative and too-large column ids read a zero row in both paths, so a
+    finite value adds nothing and a non-finite one gives NaN, bit for bit."""
+    vals = np.array([1.0, np.inf, 2.0, -np.inf, np.nan, 3.0], np.float32)
+    cols = np.array([-1, -3, 2**30, 5, 0, 1], np.int32)
+    indptr = np.array([0, 1, 2, 3, 4, 6], np.int32)
+    table = np.arange(15.0, dtype=np.float32).reshape(5, 3)
+    native, xla = _both_paths(vals, cols, indptr, table)
+    np.testing.assert_array_equal(native, xla)
+    assert np.isnan(native[1]).all() and np.isnan(native[3]).all() and np.isnan(native[4]).all()
+    np.testing.assert_array_equal(native[0], 0)
+    np.testing.assert_array_equal(native[2], 0)
+
+
+@needs_kernels
+def test_toggling_retraces_jitted_functions():
+    """set_native_kernels clears the caches, so an already-jitted function
+    retraces and takes the other path."""
+    traces = []
+
+    def f(a, b):
+        traces.append(jsr.native_kernels_enabled())
+        return jsr.dot(a, b)
+
+    g = jax.jit(f)
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    y = jnp.ones((5, 2))
+    first = g(x, y)
+    g(x, y)
+    try:
+        jsr.set_native_kernels(False)
+        second = g(x, y)
+    finally:
+        jsr.set_native_kernels(True)
+    assert traces == [True, False]
+    np.testing.assert_array_equal(first, second)
+
+
+@needs_kernels
+def test_malformed_input_on_the_threaded_path(rng):
+    """Garbage indptr and ids, with enough work to split rows over threads."""
+    m, nse, k, d = 400, 6000, 300, 64
+    vals = jnp.asarray(rng.standard_normal(nse).astype(np.float32))
+    cols = jnp.asarray(rng.integers(-(2**31), 2**31 - 1, nse, dtype=np.int64).astype(np.int32))
+    indptr = jnp.asarray(rng.integers(-50, nse + 50, m + 1).astype(np.int32))
+    table = jnp.asarray(rng.standard_normal((k, d)).astype(np.float32))
+    assert nse * d > 1 << 16
+    out = jax.jit(_csr_dense_native)(vals, cols, indptr, table)
+    assert out.shape == (m, d)
+    assert np.isfinite(np.asarray(out)).all()
+
+
+@needs_kernels
+def test_second_order_and_vmap_of_grad(rng):
+    vals, cols, indptr, table = _random_problem(rng, 5, 7, 3, 4, 1)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
+
+    def loss(fn, v, t):
+        return jnp.sum(jnp.tanh(fn(v, args[1], args[2], t)))
+
+    h_native = jax.hessian(lambda v: loss(_csr_dense_native, v, args[3]))(args[0])
+    h_xla = jax.hessian(lambda v: loss(_csr_dense_xla, v, args[3]))(args[0])
+    np.testing.assert_allclose(h_native, h_xla, rtol=1e-5, atol=1e-6)
+    tables = jnp.stack([args[3], 2 * args[3], -args[3]])
+    g_native = jax.vmap(jax.grad(lambda t: loss(_csr_dense_native, args[0], t)))(tables)
+    g_xla = jax.vmap(jax.grad(lambda t: loss(_csr_dense_xla, args[0], t)))(tables)
+    np.testing.assert_allclose(g_native, g_xla, rtol=1e-5, atol=1e-6)

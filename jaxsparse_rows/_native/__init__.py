@@ -32,7 +32,12 @@ CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
-_enabled = os.environ.get("JAXSPARSE_ROWS_NATIVE", "1").strip().lower() not in ("0", "false")
+_enabled = os.environ.get("JAXSPARSE_ROWS_NATIVE", "1").strip().lower() not in (
+    "0",
+    "false",
+    "no",
+    "off",
+)
 _lock = threading.Lock()
 _status: str | None = None  # None: not loaded yet; "ok"; otherwise why the kernels are unusable
 _library: Any = None  # the loaded ctypes library, kept alive for the process
@@ -128,7 +133,7 @@ def native_kernels_enabled() -> bool:
 
     Example:
       >>> import jaxsparse_rows as jsr
-      >>> jsr.native_kernels_enabled() == jsr.native_kernels_available()
+      >>> jsr.native_kernels_enabled() <= jsr.native_kernels_available()
       True
     """
     return _enabled and native_kernels_available()
@@ -145,9 +150,10 @@ def set_native_kernels(enabled: bool = True) -> None:
 
     Example:
       >>> import jaxsparse_rows as jsr
+      >>> previous = jsr.native_kernels_enabled()
       >>> jsr.set_native_kernels(False); jsr.native_kernels_enabled()
       False
-      >>> jsr.set_native_kernels(True)
+      >>> jsr.set_native_kernels(previous)
     """
     global _enabled
     enabled = bool(enabled)

@@ -1,6 +1,6 @@
 // Native CPU kernel for `jsr.dot(csr, dense)`, registered with XLA through the
 // typed FFI. The pure-XLA path (gather rows, scale, segment-sum) stays the
-// reference and the fallback; see jaxsparse_rows/_native.py.
+// reference and the fallback; see jaxsparse_rows/_native/__init__.py.
 //
 // out[r, :] = sum_{j in [indptr[r], indptr[r+1])} vals[j] * table[cols[j], :]
 //
