@@ -5,6 +5,7 @@ without a C++17 compiler, or without jaxlib's FFI headers in the build
 environment, the install still succeeds and ``jsr.dot`` runs its XLA path.
 """
 
+import glob
 import importlib.util
 import os
 from pathlib import Path
@@ -38,7 +39,7 @@ class BuildKernels(build_ext):
 
 kernels = Extension(
     "jaxsparse_rows._native._kernels",
-    sources=["jaxsparse_rows/_native/csr_dense.cc"],
+    sources=sorted(glob.glob("jaxsparse_rows/_native/*.cc")),
     language="c++",
     extra_compile_args=["-std=c++17", "-O3", "-DNDEBUG"],
     optional=os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") != "1",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from . import _native
@@ -14,7 +16,7 @@ from ._csr import CSR, csr_row_ids
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
-from ._util import coalesce_rows, gather_rows
+from ._util import coalesce_rows, gather_rows, slots_in
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
@@ -123,13 +125,6 @@ def _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr):
     return jnp.dot(a, b)
 
 
-def _csr_rhs_rows(rhs: Any, ids: jax.Array) -> jax.Array:
-    """Rows ``rhs[ids]`` of a dense or RowSparse rhs; out-of-range ids read 0."""
-    if isinstance(rhs, RowSparse):
-        return gather_rows(rhs.data, lookup_slots(rhs, ids))
-    return gather_rows(rhs, ids)
-
-
 def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     """``out[r] = sum_j vals[j] * table[cols[j]]`` over row ``r``'s entries, in XLA ops:
     gather the rows, cast them to ``dtype`` (default: the table's), scale them,
@@ -188,18 +183,78 @@ def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
     if (
         same
         and _native.native_kernels_enabled()
-        and _native.supports(lhs.data, cols, lhs.indptr, table)
+        and lhs.shape[0] > 0
+        and _native.supports(lhs.data, table, cols, lhs.indptr)
     ):
         return _csr_dense_native(lhs.data, cols, lhs.indptr, table)
     return _csr_dense_xla(lhs.data, cols, lhs.indptr, table, dtype)
 
 
+def _csr_t_dense_xla(vals, cols, rows, table, k, dtype=None):
+    """``(indices, data)`` of ``lhs.T @ table`` in XLA ops: gather the rows, cast
+    them to ``dtype``, scale them, coalesce them by column (sort-based). At most
+    ``min(nse, K)`` distinct columns occur, so that capacity never overflows."""
+    dtype = table.dtype if dtype is None else dtype
+    contrib = _rows_times(gather_rows(table, rows).astype(dtype), vals.astype(dtype))
+    idx, data, _ = coalesce_rows(cols, contrib, k, min(vals.shape[0], k))
+    return idx, data
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _csr_t_dense_native(vals, cols, rows, table, k):
+    """:func:`_csr_t_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
+    return jax.lax.platform_dependent(
+        vals,
+        cols,
+        rows,
+        table,
+        cpu=functools.partial(_native.csr_t_dense_call, k=k),
+        default=functools.partial(_csr_t_dense_xla, k=k),
+    )
+
+
+def _csr_t_dense_native_jvp(k, primals, tangents):
+    # Linear in vals and in table. The tangent rows land in the primal's slots
+    # (a binary search of each column id in the sorted indices), so no second
+    # sort runs; both terms are XLA ops that JAX can transpose.
+    vals, cols, rows, table = primals
+    d_vals, _, _, d_table = tangents
+    idx, data = _csr_t_dense_native(vals, cols, rows, table, k)
+    terms = []
+    if not isinstance(d_table, SymbolicZero):
+        terms.append(_rows_times(gather_rows(d_table, rows), vals))
+    if not isinstance(d_vals, SymbolicZero):
+        terms.append(_rows_times(gather_rows(table, rows), d_vals))
+    if terms:
+        slots = slots_in(idx, cols, k)
+        d_data = jnp.zeros_like(data).at[slots].add(sum(terms[1:], terms[0]), mode="drop")
+    else:
+        d_data = jnp.zeros_like(data)
+    return (idx, data), (np.zeros(idx.shape, jax.dtypes.float0), d_data)
+
+
+_csr_t_dense_native.defjvp(_csr_t_dense_native_jvp, symbolic_zeros=True)
+
+
 def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
-    """``lhs.T @ rhs`` as a RowSparse over the column ids present in ``lhs``."""
+    """``lhs.T @ rhs`` as a RowSparse over the column ids present in ``lhs`` (the
+    native CPU kernel where it applies, else XLA ops)."""
     k = lhs.shape[1]
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
-    rows = _csr_rhs_rows(rhs, lhs.row_ids()).astype(dtype)
-    contrib = _rows_times(rows, lhs.data.astype(dtype))
-    # At most min(nse, K) distinct columns can occur, so this capacity never overflows.
-    idx, data, _ = coalesce_rows(lhs.indices, contrib, k, min(lhs.nse, k))
+    row_ids = lhs.row_ids()
+    if isinstance(rhs, RowSparse):
+        rows, table = lookup_slots(rhs, row_ids), rhs.data
+    else:
+        rows, table = row_ids, jnp.asarray(rhs)
+    cols, rows = lhs.indices, rows.astype(lhs.indices.dtype)
+    same = lhs.data.dtype == dtype and table.dtype == dtype
+    if (
+        same
+        and _native.native_kernels_enabled()
+        and _native.supports(lhs.data, table, cols, rows)
+        and k > 0
+    ):
+        idx, data = _csr_t_dense_native(lhs.data, cols, rows, table, k)
+    else:
+        idx, data = _csr_t_dense_xla(lhs.data, cols, rows, table, k, dtype)
     return RowSparse._make(data, idx, (k,) + tuple(rhs.shape[1:]))

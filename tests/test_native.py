@@ -96,7 +96,7 @@ def test_native_dtypes(rng, dtype, idtype):
     with jax.enable_x64(True):
         vals, cols, indptr, table = _random_problem(rng, 30, 20, 5, 6, 2, dtype, idtype)
         args = tuple(jnp.asarray(a) for a in (vals, cols, indptr, table))
-        assert _native.supports(*args)
+        assert _native.supports(args[0], args[3], args[1], args[2])
         hlo = jax.jit(_csr_dense_native).lower(*args).as_text()
         assert TARGET in hlo
         out = jax.jit(_csr_dense_native)(*args)

@@ -29,6 +29,7 @@ import numpy as np
 logger = logging.getLogger("jaxsparse_rows")
 
 CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
+CSR_T_DENSE_TARGET = "jaxsparse_rows_csr_t_dense"
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -79,6 +80,30 @@ def _self_test() -> str:
         got = np.asarray(jax.block_until_ready(compiled(*args)))
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         return "the self-test product differed from numpy"
+    # The transposed product of the same matrix times a [M, D'] table: rows of
+    # the result are the distinct valid column ids.
+    rows = np.repeat(np.arange(m), np.diff(indptr)).astype(np.int32)
+    t_table = rng.standard_normal((m, 5)).astype(np.float32)
+    t_expected = np.zeros((k, 5))
+    valid = cols[: len(rows)] < k
+    np.add.at(
+        t_expected, cols[: len(rows)][valid], vals[: len(rows)][valid, None] * t_table[rows[valid]]
+    )
+    present = np.unique(cols[: len(rows)][valid])
+    with jax.transfer_guard("allow"), jax.ensure_compile_time_eval():
+        args = [
+            jax.device_put(a, cpu) for a in (vals[: len(rows)], cols[: len(rows)], rows, t_table)
+        ]
+        compiled = jax.jit(csr_t_dense_call, static_argnums=4).lower(*args, k).compile()
+        idx, data = (np.asarray(a) for a in jax.block_until_ready(compiled(*args)))
+    n = len(present)
+    if not (
+        np.array_equal(idx[:n], present)
+        and (idx[n:] == k).all()
+        and np.allclose(data[:n], t_expected[present], rtol=1e-4, atol=1e-4)
+        and not data[n:].any()
+    ):
+        return "the self-test transposed product differed from numpy"
     return "ok"
 
 
@@ -89,9 +114,11 @@ def _load() -> str:
         return "the _kernels library was not built (it needs a C++17 compiler at install time)"
     try:
         _library = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(
-            CSR_DENSE_TARGET, jax.ffi.pycapsule(_library.jsr_csr_dense), platform="cpu"
-        )
+        for target, symbol in (
+            (CSR_DENSE_TARGET, _library.jsr_csr_dense),
+            (CSR_T_DENSE_TARGET, _library.jsr_csr_t_dense),
+        ):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
         return _self_test()
     except Exception as err:  # any failure means: use the XLA path
         return f"{type(err).__name__}: {err}"
@@ -162,18 +189,19 @@ def set_native_kernels(enabled: bool = True) -> None:
         jax.clear_caches()
 
 
-def supports(vals: Any, cols: Any, indptr: Any, table: Any) -> bool:
-    """Whether the CSR x dense kernel handles these operands (dtypes, sizes)."""
-    vdt, idt = np.dtype(vals.dtype), np.dtype(cols.dtype)
+def supports(vals: Any, table: Any, *ids: Any) -> bool:
+    """Whether the kernels handle these operands: float32/float64 ``vals`` and
+    ``table`` of one dtype, int32/int64 ``ids`` of one dtype, nothing empty."""
+    vdt = np.dtype(vals.dtype)
+    idts = {np.dtype(i.dtype) for i in ids}
     return (
         vdt in _VALUE_DTYPES
         and np.dtype(table.dtype) == vdt
-        and idt in _INDEX_DTYPES
-        and np.dtype(indptr.dtype) == idt
+        and len(idts) == 1
+        and idts <= set(_INDEX_DTYPES)
         and table.ndim >= 1
         and vals.size > 0
         and table.size > 0
-        and indptr.size > 1
     )
 
 
@@ -189,6 +217,24 @@ def csr_dense_call(vals: Any, cols: Any, indptr: Any, table: Any) -> jax.Array:
     return call(vals, cols, indptr, table)
 
 
+def csr_t_dense_call(vals: Any, cols: Any, rows: Any, table: Any, k: int):
+    """The raw FFI call of the transposed product: ``(indices, data)`` of the
+    row-sparse ``sum_j vals[j] * table[rows[j]]`` grouped by column ``cols[j]``.
+
+    ``indices`` holds the distinct column ids in ``[0, k)``, sorted and padded
+    with ``k`` to ``min(nse, k)`` slots; ``data`` the matching sums (zero in
+    padding slots). Row ids outside the table read zero. CPU only and not
+    differentiable by itself (``jsr.dot`` adds an XLA JVP).
+    """
+    cap = min(int(vals.shape[0]), int(k))
+    out = (
+        jax.ShapeDtypeStruct((cap,), cols.dtype),
+        jax.ShapeDtypeStruct((cap,) + tuple(table.shape[1:]), table.dtype),
+    )
+    call = jax.ffi.ffi_call(CSR_T_DENSE_TARGET, out, vmap_method="sequential")
+    return call(vals, cols, rows, table, k=np.int64(k))
+
+
 __all__ = [
     "native_kernels_available",
     "native_kernels_enabled",
@@ -196,5 +242,6 @@ __all__ = [
     "native_kernels_status",
     "supports",
     "csr_dense_call",
+    "csr_t_dense_call",
     "library_path",
 ]
