@@ -16,7 +16,7 @@ from ._csr import CSR, csr_row_ids
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
-from ._util import coalesce_rows, gather_rows, slots_in
+from ._util import coalesce_rows, gather_rows, index_dtype, slots_in
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
@@ -203,6 +203,8 @@ def _csr_t_dense_xla(vals, cols, rows, table, k, dtype=None):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _csr_t_dense_native(vals, cols, rows, table, k):
     """:func:`_csr_t_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
+    # Both branches must return the RowSparse index dtype.
+    cols, rows = cols.astype(index_dtype()), rows.astype(index_dtype())
     return jax.lax.platform_dependent(
         vals,
         cols,

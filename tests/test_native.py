@@ -19,10 +19,16 @@ from hypothesis import strategies as st
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
-from jaxsparse_rows._dot import _csr_dense_native, _csr_dense_xla
+from jaxsparse_rows._dot import (
+    _csr_dense_native,
+    _csr_dense_xla,
+    _csr_t_dense_native,
+    _csr_t_dense_xla,
+)
 
 REQUIRED = os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") == "1"
 TARGET = _native.CSR_DENSE_TARGET
+T_TARGET = _native.CSR_T_DENSE_TARGET
 
 needs_kernels = pytest.mark.skipif(
     not REQUIRED and not _native.native_kernels_available(),
@@ -376,3 +382,154 @@ def test_second_order_and_vmap_of_grad(rng):
     g_native = jax.vmap(jax.grad(lambda t: loss(_csr_dense_native, args[0], t)))(tables)
     g_xla = jax.vmap(jax.grad(lambda t: loss(_csr_dense_xla, args[0], t)))(tables)
     np.testing.assert_allclose(g_native, g_xla, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------- transposed product
+
+
+def _t_oracle(vals, cols, rows, table, k):
+    """Sorted distinct valid columns and float64 sums of vals[j] * table[rows[j]]."""
+    vals, table = np.asarray(vals, np.float64), np.asarray(table, np.float64)
+    sums = {}
+    for j in range(len(vals)):
+        c = int(cols[j])
+        if not 0 <= c < k:
+            continue
+        r = int(rows[j])
+        row = table[r] if 0 <= r < table.shape[0] else np.zeros(table.shape[1:])
+        sums[c] = sums.get(c, 0.0) + vals[j] * row
+    idx = np.array(sorted(sums), np.int64)
+    data = np.array([sums[c] for c in idx]).reshape((len(idx),) + table.shape[1:])
+    return idx, data
+
+
+def _t_problem(rng, nse, k, t_rows, d, dtype=np.float32, idtype=np.int32):
+    cols = rng.integers(-2, k + 2, nse).astype(idtype)  # some ids out of range
+    rows = rng.integers(-1, t_rows + 1, nse).astype(idtype)  # some rows missing
+    vals = rng.standard_normal(nse).astype(dtype)
+    table = rng.standard_normal((t_rows,) if d is None else (t_rows, d)).astype(dtype)
+    return vals, cols, rows, table
+
+
+def _check_t(vals, cols, rows, table, k, tol=1e-5):
+    args = tuple(jnp.asarray(a) for a in (vals, cols, rows, table))
+    idx_n, data_n = jax.jit(_csr_t_dense_native, static_argnums=4)(*args, k)
+    idx_x, data_x = jax.jit(_csr_t_dense_xla, static_argnums=4)(*args, k)
+    np.testing.assert_array_equal(idx_n, idx_x)
+    np.testing.assert_allclose(data_n, data_x, rtol=tol, atol=tol)
+    idx_o, data_o = _t_oracle(vals, cols, rows, table, k)
+    n = len(idx_o)
+    cap = min(len(vals), k)
+    assert idx_n.shape == (cap,) and data_n.shape[0] == cap
+    np.testing.assert_array_equal(np.asarray(idx_n)[:n], idx_o)
+    np.testing.assert_array_equal(np.asarray(idx_n)[n:], k)
+    np.testing.assert_allclose(np.asarray(data_n)[:n], data_o, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.asarray(data_n)[n:], 0)
+
+
+@needs_kernels
+@given(
+    nse=st.integers(1, 60),
+    k=st.integers(1, 3000),
+    t_rows=st.integers(1, 12),
+    d=st.sampled_from([None, 1, 5]),
+    seed=st.integers(0, 2**16),
+)
+def test_transposed_kernel_matches_oracle_and_xla(nse, k, t_rows, d, seed):
+    """Column ids up to 3000 take two radix passes; ids and rows out of range."""
+    _check_t(*_t_problem(np.random.default_rng(seed), nse, k, t_rows, d), k)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("idtype", [np.int32, np.int64])
+def test_transposed_kernel_dtypes_and_wide_ids(rng, dtype, idtype):
+    """Column ids near 2**30 take three radix passes."""
+    with jax.enable_x64(True):
+        k = 2**30 + 5
+        vals, cols, rows, table = _t_problem(rng, 200, 50, 7, 3, dtype, idtype)
+        cols = (cols.astype(np.int64) * (2**24) + 3).astype(idtype)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        _check_t(vals, cols, rows, table, k, tol)
+
+
+@needs_kernels
+def test_transposed_dot_uses_the_kernel_and_keeps_padding_out(rng):
+    """Padding slots (past indptr[-1], column id K) add no row; the result
+    equals the dense product and the XLA path's, indices included."""
+    base = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    x = jsr.CSR._make(
+        jnp.concatenate([base.data, jnp.full((3,), 4.0)]),
+        jnp.concatenate([base.indices, jnp.full((3,), 5, base.indices.dtype)]),
+        base.indptr,
+        base.shape,
+    )
+    y = jnp.asarray(rng.standard_normal((3, 2)).astype(np.float32))
+    f = jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))
+    assert T_TARGET in f.lower(x, y).as_text()
+    out = f(x, y)
+    assert out.indices.shape == (5,)
+    np.testing.assert_array_equal(out.indices, [0, 1, 2, 5, 5])
+    np.testing.assert_allclose(out.todense(), base.asnumpy().T @ np.asarray(y), rtol=1e-6)
+    try:
+        jsr.set_native_kernels(False)
+        ref = f(x, y)
+    finally:
+        jsr.set_native_kernels(True)
+    np.testing.assert_array_equal(out.indices, ref.indices)
+    np.testing.assert_allclose(out.data, ref.data, rtol=1e-6)
+
+
+@needs_kernels
+def test_transposed_kernel_non_finite_values(rng):
+    """A non-finite value in a missing row gives NaN in its column, as in XLA."""
+    vals = np.array([np.inf, 1.0, -np.inf, 2.0], np.float32)
+    cols = np.array([3, 3, 1, 0], np.int32)
+    rows = np.array([9, 0, 1, 1], np.int32)  # row 9 is outside the 2-row table
+    table = np.ones((2, 2), np.float32)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, rows, table))
+    idx_n, data_n = jax.jit(_csr_t_dense_native, static_argnums=4)(*args, 4)
+    idx_x, data_x = jax.jit(_csr_t_dense_xla, static_argnums=4)(*args, 4)
+    np.testing.assert_array_equal(idx_n, idx_x)
+    np.testing.assert_array_equal(data_n, data_x)
+    np.testing.assert_array_equal(idx_n, [0, 1, 3, 4])
+    assert np.isnan(np.asarray(data_n)[2]).all() and np.isinf(np.asarray(data_n)[1]).all()
+
+
+@needs_kernels
+def test_transposed_gradients_match_the_xla_path(rng):
+    vals, cols, rows, table = _t_problem(rng, 30, 12, 5, 3)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, rows, table))
+
+    def loss(fn):
+        def f(v, t):
+            _, data = fn(v, args[1], args[2], t, 12)
+            return jnp.sum(jnp.sin(data) * jnp.arange(data.size).reshape(data.shape))
+
+        return f
+
+    g_native = jax.jit(jax.grad(loss(_csr_t_dense_native), argnums=(0, 1)))(args[0], args[3])
+    g_xla = jax.jit(jax.grad(loss(_csr_t_dense_xla), argnums=(0, 1)))(args[0], args[3])
+    for a, b in zip(g_native, g_xla, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    jax.test_util.check_grads(
+        lambda v, t: _csr_t_dense_native(v, args[1], args[2], t, 12)[1],
+        (args[0], args[3]),
+        order=2,
+        modes=["fwd", "rev"],
+        atol=1e-2,
+        rtol=1e-2,
+    )
+    tables = jnp.stack([args[3], -2 * args[3]])
+    out = jax.vmap(lambda t: _csr_t_dense_native(args[0], args[1], args[2], t, 12)[1])(tables)
+    for b in range(2):
+        _, ref = _t_oracle(vals, cols, rows, np.asarray(tables[b]), 12)
+        np.testing.assert_allclose(np.asarray(out[b])[: len(ref)], ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_transposed_kernel_large_output(rng):
+    """An output above the huge-page advice threshold (4 MB) is written correctly."""
+    nse, k, d = 40000, 10**6, 32
+    vals, cols, rows, table = _t_problem(rng, nse, k, 100, d)
+    _check_t(vals, cols, rows, table, k, tol=1e-4)
