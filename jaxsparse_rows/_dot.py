@@ -252,13 +252,13 @@ def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
         rows, table = lookup_slots(rhs, row_ids), rhs.data
     else:
         rows, table = row_ids, jnp.asarray(rhs)
-    cols, rows = lhs.indices, rows.astype(lhs.indices.dtype)
+    cols, rows = lhs.indices.astype(index_dtype()), rows.astype(index_dtype())
     same = lhs.data.dtype == dtype and table.dtype == dtype
     if (
         same
+        and 0 < k <= np.iinfo(index_dtype()).max  # k pads the result's indices
         and _native.native_kernels_enabled()
         and _native.supports(lhs.data, table, cols, rows)
-        and k > 0
     ):
         idx, data = _csr_t_dense_native(lhs.data, cols, rows, table, k)
     else:

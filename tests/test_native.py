@@ -533,3 +533,75 @@ def test_transposed_kernel_large_output(rng):
     nse, k, d = 40000, 10**6, 32
     vals, cols, rows, table = _t_problem(rng, nse, k, 100, d)
     _check_t(vals, cols, rows, table, k, tol=1e-4)
+
+
+@needs_kernels
+def test_transposed_vmap_of_grad_and_indices(rng):
+    vals, cols, rows, table = _t_problem(rng, 25, 9, 4, 2)
+    args = tuple(jnp.asarray(a) for a in (vals, cols, rows, table))
+
+    def loss(fn, t):
+        _, data = fn(args[0], args[1], args[2], t, 9)
+        return jnp.sum(jnp.cos(data))
+
+    tables = jnp.stack([args[3], 3 * args[3], -args[3]])
+    g_native = jax.jit(jax.vmap(jax.grad(lambda t: loss(_csr_t_dense_native, t))))(tables)
+    g_xla = jax.jit(jax.vmap(jax.grad(lambda t: loss(_csr_t_dense_xla, t))))(tables)
+    np.testing.assert_allclose(g_native, g_xla, rtol=1e-5, atol=1e-6)
+    idx = jax.vmap(lambda t: _csr_t_dense_native(args[0], args[1], args[2], t, 9)[0])(tables)
+    expected_idx, _ = _t_oracle(vals, cols, rows, table, 9)
+    for b in range(3):
+        n = len(expected_idx)
+        np.testing.assert_array_equal(np.asarray(idx[b])[:n], expected_idx)
+        np.testing.assert_array_equal(np.asarray(idx[b])[n:], 9)
+
+
+@needs_kernels
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_rowsparse_rhs_matches_xla_through_dot(rng, transpose_a):
+    """dot(csr, rsp) and dot(csr, rsp, transpose_a=True): kernels on and off."""
+    m, k, p = 7, 9, 3
+    dense = rng.standard_normal((m, k)) * (rng.random((m, k)) < 0.4)
+    x = jsr.CSR.fromdense(jnp.asarray(dense.astype(np.float32)))
+    n_rhs = m if transpose_a else k
+    rows = np.sort(rng.choice(n_rhs, 3, replace=False)).astype(np.int32)
+    rhs = jsr.row_sparse_array(
+        (rng.standard_normal((3, p)).astype(np.float32), rows), shape=(n_rhs, p)
+    ).with_capacity(5)
+    f = jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=transpose_a))
+    target = T_TARGET if transpose_a else TARGET
+    assert target in f.lower(x, rhs).as_text()
+    out = f(x, rhs)
+    try:
+        jsr.set_native_kernels(False)
+        ref = f(x, rhs)
+    finally:
+        jsr.set_native_kernels(True)
+    if transpose_a:
+        np.testing.assert_array_equal(out.indices, ref.indices)
+        out, ref = out.data, ref.data
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    lhs = dense.T if transpose_a else dense
+    expected = lhs.astype(np.float32) @ rhs.asnumpy()
+    got = jsr.dot(x, rhs, transpose_a=transpose_a)
+    np.testing.assert_allclose(
+        got.asnumpy() if transpose_a else got, expected, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_transposed_column_count_beyond_the_index_dtype_stays_in_xla():
+    """K above int32's range (x64 off) cannot pad int32 indices. The kernel is
+    not used; the XLA path reports the overflow, with the kernels on or off."""
+    x = jsr.CSR._make(
+        jnp.ones((2,)),
+        jnp.array([0, 5], jnp.int32),
+        jnp.array([0, 1, 2], jnp.int32),
+        (2, 2**31 + 10),
+    )
+    for enabled in (True, False):
+        try:
+            jsr.set_native_kernels(enabled)
+            with pytest.raises(OverflowError):
+                jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))(x, jnp.ones((2, 3)))
+        finally:
+            jsr.set_native_kernels(True)

@@ -7,14 +7,15 @@
 //                vals[j] * table[rows[j], :]
 // where rows[j] is slot j's row id (M for padding); a row id outside the table
 // reads a zero row. This is exactly what the XLA path computes (gather, scale,
-// sort-based coalesce), without its [nse, D] temporary and its sort that
-// carries rows along: a stable LSD radix sort of (column, slot) pairs, then one
-// pass per distinct column. Every index read from the inputs is range-checked.
+// sort-based coalesce), without its [nse, D] temporary: a stable LSD radix
+// sort of (column, row, value) entries, then one pass per distinct column. Every index read from the inputs is range-checked.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <vector>
 
 #if defined(__linux__)
@@ -102,6 +103,9 @@ ffi::Error Run(ffi::AnyBuffer vals_b, ffi::AnyBuffer cols_b, ffi::AnyBuffer rows
       static_cast<int64_t>(rows_b.element_count()) != nse) {
     return ffi::Error::InvalidArgument("operand sizes do not match");
   }
+  if (k < 0 || k > static_cast<int64_t>(std::numeric_limits<I>::max())) {
+    return ffi::Error::InvalidArgument("k must fit the index dtype (it pads the indices)");
+  }
   const T* table = table_b.typed_data<T>();
   I* idx = idx_b->typed_data<I>();
   T* data = data_b->typed_data<T>();
@@ -123,7 +127,9 @@ ffi::Error Run(ffi::AnyBuffer vals_b, ffi::AnyBuffer cols_b, ffi::AnyBuffer rows
     }
     const auto& e = entries[n];
     if (u < 0 || e.col != idx[u]) {
-      if (u + 1 >= cap) break;  // cannot happen: cap = min(nse, K) >= distinct columns
+      if (u + 1 >= cap) {  // cannot happen when cap = min(nse, k): never drop silently
+        return ffi::Error::InvalidArgument("more distinct columns than result slots");
+      }
       ++u;
       idx[u] = e.col;
       std::memset(data + u * d, 0, sizeof(T) * d);
@@ -154,17 +160,21 @@ ffi::Error CsrTDense(ffi::AnyBuffer vals, ffi::AnyBuffer cols, ffi::AnyBuffer ro
       rows.element_type() != it || idx->element_type() != it) {
     return ffi::Error::InvalidArgument("operand dtypes do not match");
   }
-  if (vt == ffi::DataType::F32 && it == ffi::DataType::S32) {
-    return Run<float, int32_t>(vals, cols, rows, table, k, idx, data);
-  }
-  if (vt == ffi::DataType::F32 && it == ffi::DataType::S64) {
-    return Run<float, int64_t>(vals, cols, rows, table, k, idx, data);
-  }
-  if (vt == ffi::DataType::F64 && it == ffi::DataType::S32) {
-    return Run<double, int32_t>(vals, cols, rows, table, k, idx, data);
-  }
-  if (vt == ffi::DataType::F64 && it == ffi::DataType::S64) {
-    return Run<double, int64_t>(vals, cols, rows, table, k, idx, data);
+  try {  // the sort's buffers are the only allocations: report, never abort
+    if (vt == ffi::DataType::F32 && it == ffi::DataType::S32) {
+      return Run<float, int32_t>(vals, cols, rows, table, k, idx, data);
+    }
+    if (vt == ffi::DataType::F32 && it == ffi::DataType::S64) {
+      return Run<float, int64_t>(vals, cols, rows, table, k, idx, data);
+    }
+    if (vt == ffi::DataType::F64 && it == ffi::DataType::S32) {
+      return Run<double, int32_t>(vals, cols, rows, table, k, idx, data);
+    }
+    if (vt == ffi::DataType::F64 && it == ffi::DataType::S64) {
+      return Run<double, int64_t>(vals, cols, rows, table, k, idx, data);
+    }
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "out of memory for the column sort");
   }
   return ffi::Error::InvalidArgument("supported dtypes: float32/float64 values, int32/int64 ids");
 }
