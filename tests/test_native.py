@@ -605,3 +605,21 @@ def test_transposed_column_count_beyond_the_index_dtype_stays_in_xla():
                 jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))(x, jnp.ones((2, 3)))
         finally:
             jsr.set_native_kernels(True)
+
+
+@needs_kernels
+def test_self_test_catches_a_wrong_kernel(monkeypatch):
+    """The load-time self-test passes on the real kernels and fails on wrong ones."""
+    assert _native._self_test() == "ok"
+    real = _native.csr_dense_call
+    monkeypatch.setattr(_native, "csr_dense_call", lambda *a: 2 * real(*a))
+    assert "product differed" in _native._self_test()
+    monkeypatch.setattr(_native, "csr_dense_call", real)
+    real_t = _native.csr_t_dense_call
+
+    def shifted(vals, cols, rows, table, k):
+        idx, data = real_t(vals, cols, rows, table, k)
+        return idx, data + 1
+
+    monkeypatch.setattr(_native, "csr_t_dense_call", shifted)
+    assert "transposed product differed" in _native._self_test()

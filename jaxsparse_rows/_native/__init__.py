@@ -54,49 +54,49 @@ def library_path() -> Path | None:
     return None
 
 
+def _run_on_cpu(fn, *args, static: tuple = ()) -> Any:
+    """``fn(*args, *static)`` compiled ahead of time and run on the CPU device.
+
+    The first use of a kernel is often inside a jit trace: compiling and running
+    on concrete arrays here keeps the self-test out of the caller's computation.
+    """
+    cpu = jax.devices("cpu")[0]
+    with jax.transfer_guard("allow"), jax.ensure_compile_time_eval():
+        put = [jax.device_put(a, cpu) for a in args]
+        n = len(args)
+        static_argnums = tuple(range(n, n + len(static)))
+        compiled = jax.jit(fn, static_argnums=static_argnums).lower(*put, *static).compile()
+        return jax.tree.map(np.asarray, jax.block_until_ready(compiled(*put)))
+
+
 def _self_test() -> str:
-    """Runs the kernel on a small product with padding, an empty row, a missing
-    column and enough work for the threaded path; returns "ok" or what went wrong."""
+    """Runs both kernels on a small CSR with an empty row, a column id with no
+    row, padding slots, and enough work for the threaded path; returns "ok" or
+    what went wrong."""
     rng = np.random.default_rng(0)
     m, k, d, per_row = 64, 50, 48, 24
     cols = np.stack([np.sort(rng.choice(k, per_row, replace=False)) for _ in range(m)])
     cols[3, -1] = k  # an id with no row reads zero
-    indptr = np.arange(0, (m + 1) * per_row, per_row, dtype=np.int32)
-    indptr[5:] -= per_row  # row 4 is empty ...
-    vals = rng.standard_normal(m * per_row).astype(np.float32)
     cols = cols.reshape(-1).astype(np.int32)
-    table = rng.standard_normal((k, d)).astype(np.float32)  # ... and the last row is padding
-    expected = np.zeros((m, d), np.float64)
-    for r in range(m):
-        for j in range(indptr[r], indptr[r + 1]):
-            if cols[j] < k:
-                expected[r] += float(vals[j]) * table[cols[j]].astype(np.float64)
-    # The first use is often inside a jit trace: compile ahead of time and run on
-    # concrete arrays, so nothing here is staged into the caller's computation.
-    cpu = jax.devices("cpu")[0]
-    with jax.transfer_guard("allow"), jax.ensure_compile_time_eval():
-        args = [jax.device_put(a, cpu) for a in (vals, cols, indptr, table)]
-        compiled = jax.jit(csr_dense_call).lower(*args).compile()
-        got = np.asarray(jax.block_until_ready(compiled(*args)))
+    indptr = np.arange(0, (m + 1) * per_row, per_row, dtype=np.int32)
+    indptr[5:] -= per_row  # row 4 is empty, and the last per_row slots are padding
+    vals = rng.standard_normal(m * per_row).astype(np.float32)
+    rows = np.repeat(np.arange(m), np.diff(indptr)).astype(np.int32)  # of the used slots
+    used, valid = slice(0, len(rows)), cols[: len(rows)] < k
+
+    table = rng.standard_normal((k, d)).astype(np.float32)
+    expected = np.zeros((m, d))
+    np.add.at(expected, rows[valid], vals[used][valid, None] * table[cols[used][valid]])
+    got = _run_on_cpu(csr_dense_call, vals, cols, indptr, table)
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         return "the self-test product differed from numpy"
-    # The transposed product of the same matrix times a [M, D'] table: rows of
-    # the result are the distinct valid column ids.
-    rows = np.repeat(np.arange(m), np.diff(indptr)).astype(np.int32)
+
     t_table = rng.standard_normal((m, 5)).astype(np.float32)
     t_expected = np.zeros((k, 5))
-    valid = cols[: len(rows)] < k
-    np.add.at(
-        t_expected, cols[: len(rows)][valid], vals[: len(rows)][valid, None] * t_table[rows[valid]]
-    )
-    present = np.unique(cols[: len(rows)][valid])
-    with jax.transfer_guard("allow"), jax.ensure_compile_time_eval():
-        args = [
-            jax.device_put(a, cpu) for a in (vals[: len(rows)], cols[: len(rows)], rows, t_table)
-        ]
-        compiled = jax.jit(csr_t_dense_call, static_argnums=4).lower(*args, k).compile()
-        idx, data = (np.asarray(a) for a in jax.block_until_ready(compiled(*args)))
+    np.add.at(t_expected, cols[used][valid], vals[used][valid, None] * t_table[rows[valid]])
+    present = np.unique(cols[used][valid])
     n = len(present)
+    idx, data = _run_on_cpu(csr_t_dense_call, vals[used], cols[used], rows, t_table, static=(k,))
     if not (
         np.array_equal(idx[:n], present)
         and (idx[n:] == k).all()
