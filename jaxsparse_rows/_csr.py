@@ -114,7 +114,7 @@ class CSR(SparseOperators):
     def __init__(
         self, data: ArrayLike, indices: ArrayLike, indptr: ArrayLike, shape: Sequence[int]
     ):
-        shape = _as_shape(shape)
+        shape = _as_shape(shape, index_dims=2)
         if len(shape) != 2:
             raise ValueError(f"CSR `shape` must be 2-D (M, K), got {shape}.")
         data = as_data(data)
@@ -371,7 +371,7 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
         )
     if shape is None:
         raise ValueError("`shape` is required when creating a CSR from (data, indices, indptr).")
-    shape = _as_shape(shape)
+    shape = _as_shape(shape, index_dims=2)
     data, indices, indptr = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32

@@ -62,7 +62,10 @@ def host_dense(x: Any) -> np.ndarray:
     return out
 
 
-def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
+def _as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int, ...]:
+    """Validates a static shape; its first ``index_dims`` sizes must fit the
+    index dtype, because ids and the padding id (equal to that size) are
+    stored in it."""
     if isinstance(shape, int | np.integer):
         shape = (shape,)
     if isinstance(shape, str) or not isinstance(shape, Sequence | np.ndarray):
@@ -72,6 +75,14 @@ def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
     out = tuple(int(d) for d in shape)
     if any(d < 0 for d in out):
         raise ValueError(f"`{name}` must be a tuple of non-negative ints, got {shape!r}.")
+    limit = int(np.iinfo(index_dtype()).max)
+    for axis, size in enumerate(out[:index_dims]):
+        if size > limit:
+            raise ValueError(
+                f"`{name}[{axis}]` is {size}, more than the index dtype "
+                f"{index_dtype().name} holds (at most {limit}, padding ids included). "
+                "Enable 64-bit indices with `jax.config.update('jax_enable_x64', True)`."
+            )
     return out
 
 

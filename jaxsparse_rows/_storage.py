@@ -58,7 +58,7 @@ def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
       CSR(float16[3, 4], nnz=0)
     """
     stype = _check_stype(stype)
-    shape = _as_shape(shape)
+    shape = _as_shape(shape, index_dims={"default": 0, "row_sparse": 1}.get(stype, 2))
     dtype = jnp.dtype(dtype)
     idt = index_dtype()
     if stype == "default":

@@ -88,7 +88,7 @@ def csr(
       (CSR(float32[1000, 100], nnz=1000), 1000)
     """
     rng = _host_rng(key)
-    shape = _as_shape(shape)
+    shape = _as_shape(shape, index_dims=2)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D (M, K) for a CSR, got {shape}.")
     density = _check_density(density)

@@ -305,3 +305,21 @@ def test_zeros_csr_and_transpose_hint():
         jsr.zeros("csr", (3,))
     with pytest.raises(TypeError, match="transpose_a=True"):
         _ = z.T
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda shape: jsr.csr_matrix(([1.0], [5], [0, 1]), shape=shape),
+        lambda shape: jsr.CSR([1.0], [5], [0, 1], shape),
+        lambda shape: jsr.zeros("csr", shape),
+    ],
+)
+def test_column_count_beyond_the_index_dtype_is_refused(make):
+    """With 32-bit indices a CSR cannot have 2**31 or more columns: the padding
+    id (K) would not fit. The error says so and how to enable 64-bit indices."""
+    with pytest.raises(ValueError, match=r"`shape\[1\]` is 2147483658.*jax_enable_x64"):
+        make((1, 2**31 + 10))
+    with jax.enable_x64(True):
+        x = make((1, 2**31 + 10))
+        assert x.shape == (1, 2**31 + 10)

@@ -330,3 +330,14 @@ def test_zeros_row_sparse():
     assert repr(jsr.zeros("row_sparse", (100, 8))) == "RowSparse(float32[100, 8], rows=0)"
     with pytest.raises(ValueError, match="at least one dimension for row_sparse"):
         jsr.zeros("row_sparse", ())
+
+
+def test_row_count_beyond_the_index_dtype_is_refused():
+    """With 32-bit indices a RowSparse cannot have 2**31 or more rows (the
+    padding id N would not fit); 64-bit indices allow it."""
+    with pytest.raises(ValueError, match=r"`shape\[0\]` is 2147483648.*jax_enable_x64"):
+        jsr.row_sparse_array(([[1.0]], [5]), shape=(2**31, 1))
+    with pytest.raises(ValueError, match="jax_enable_x64"):
+        jsr.zeros("row_sparse", (2**31, 1))
+    with jax.enable_x64(True):
+        assert jsr.row_sparse_array(([[1.0]], [5]), shape=(2**31, 1)).shape == (2**31, 1)
