@@ -3,11 +3,17 @@
 The package builds one small C++ library, ``_kernels``, at install time (see
 ``setup.py``; the build is optional and needs only a C++17 compiler and
 jaxlib's FFI headers). When it is present and passes a self-test on first use,
-``jsr.dot(csr, dense)`` runs it on CPU: a fused gather-scale-accumulate loop
-that prefetches the rows it is about to read and splits the output rows over
-XLA's intra-op thread pool. Other platforms (GPU, TPU), other dtypes, and
-installs without the library run the pure-XLA implementation, which is the
-reference the kernel is tested against.
+the CSR products of ``jsr.dot`` run it on CPU:
+
+- ``dot(csr, dense)`` / ``dot(csr, rsp)`` (``csr_dense.cc``): a fused
+  gather-scale-accumulate loop that prefetches the rows it is about to read
+  and splits the output rows over XLA's intra-op thread pool;
+- their ``transpose_a=True`` forms (``csr_t_dense.cc``): a stable radix sort of
+  (column, row, value) entries and one pass per distinct column.
+
+Other platforms (GPU, TPU), other dtypes, and installs without the library run
+the pure-XLA implementations in ``_dot.py``, which are the reference the
+kernels are tested against and which also supply their derivatives.
 
 The environment variable ``JAXSPARSE_ROWS_NATIVE=0`` turns the kernels off at
 import; :func:`set_native_kernels` does so at run time.
