@@ -13,7 +13,7 @@ $(PY):
 
 # One stamp per extras set, redone whenever the build inputs change (the editable
 # install compiles the optional native kernels in place).
-BUILD_INPUTS := pyproject.toml setup.py $(wildcard jaxsparse_rows/_native/*.cc)
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard jaxsparse_rows/_native/*.cc jaxsparse_rows/_native/*.h)
 
 $(VENV)/.stamp-%: $(BUILD_INPUTS) | $(PY)
 	$(PIP) install --quiet -e ".[$*]"

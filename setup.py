@@ -40,6 +40,7 @@ class BuildKernels(build_ext):
 kernels = Extension(
     "jaxsparse_rows._native._kernels",
     sources=sorted(glob.glob("jaxsparse_rows/_native/*.cc")),
+    depends=sorted(glob.glob("jaxsparse_rows/_native/*.h")),
     language="c++",
     extra_compile_args=["-std=c++17", "-O3", "-DNDEBUG"],
     optional=os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") != "1",

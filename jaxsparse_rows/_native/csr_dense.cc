@@ -10,14 +10,11 @@
 // malformed input gives unspecified values, never an out-of-bounds access.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <new>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -73,40 +70,11 @@ void ProductRows(const Problem<T, I>& p, int64_t r0, int64_t r1) {
   }
 }
 
-// Runs ProductRows over [0, m) in chunks claimed by the calling thread and by
-// tasks on XLA's pool. The caller waits only for chunks another thread has
-// claimed (and is running), so a busy pool delays nothing and cannot deadlock.
+// ProductRows over [0, m), split over XLA's pool when there is enough work.
 template <typename T, typename I>
 void ProductParallel(const Problem<T, I>& p, int64_t m, ffi::ThreadPool& pool) {
-  const int64_t threads = pool.num_threads();
-  const int64_t work = p.nse * p.d;
-  if (threads <= 1 || m <= 1 || work < kParallelMinWork) {
-    ProductRows(p, 0, m);
-    return;
-  }
-  const int64_t chunks = std::min<int64_t>(m, threads * 8);
-  const int64_t per_chunk = (m + chunks - 1) / chunks;
-  struct State {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto state = std::make_shared<State>();
-  auto run = [state, p, m, chunks, per_chunk]() {
-    for (int64_t i; (i = state->next.fetch_add(1)) < chunks;) {
-      const int64_t r0 = i * per_chunk;
-      ProductRows(p, std::min(r0, m), std::min(r0 + per_chunk, m));
-      if (state->done.fetch_add(1) + 1 == chunks) {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->cv.notify_all();
-      }
-    }
-  };
-  for (int64_t t = 0; t + 1 < threads; ++t) pool.Schedule([run]() { run(); });
-  run();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done.load() == chunks; });
+  jaxsparse_rows::ParallelRanges(pool, m, p.nse * p.d >= kParallelMinWork,
+                                 [p](int64_t r0, int64_t r1) { ProductRows(p, r0, r1); });
 }
 
 template <typename T, typename I>

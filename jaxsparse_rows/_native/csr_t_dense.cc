@@ -8,7 +8,9 @@
 // where rows[j] is slot j's row id (M for padding); a row id outside the table
 // reads a zero row. This is exactly what the XLA path computes (gather, scale,
 // sort-based coalesce), without its [nse, D] temporary: a stable LSD radix
-// sort of (column, row, value) entries, then one pass per distinct column. Every index read from the inputs is range-checked.
+// sort of (column, row, value) entries, then one pass per distinct column,
+// the result rows split over XLA's intra-op pool. Every index read from the
+// inputs is range-checked.
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +24,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -33,6 +36,7 @@ constexpr int64_t kBuckets = int64_t{1} << kDigitBits;
 constexpr int64_t kPrefetchAhead = 8;        // entries ahead whose table row is prefetched
 constexpr int64_t kMaxPrefetchBytes = 1024;  // of each such row
 constexpr size_t kHugePageMin = size_t{4} << 20;
+constexpr int64_t kParallelMinWork = 1 << 16;  // multiply-adds and zeroed values
 
 template <typename T, typename I>
 struct Entry {
@@ -88,7 +92,8 @@ void AdviseHugePages(void* ptr, size_t bytes) {
 }
 
 template <typename T, typename I>
-ffi::Error Run(ffi::AnyBuffer vals_b, ffi::AnyBuffer cols_b, ffi::AnyBuffer rows_b,
+ffi::Error Run(ffi::ThreadPool& pool, ffi::AnyBuffer vals_b, ffi::AnyBuffer cols_b,
+               ffi::AnyBuffer rows_b,
                ffi::AnyBuffer table_b, int64_t k, ffi::Result<ffi::AnyBuffer> idx_b,
                ffi::Result<ffi::AnyBuffer> data_b) {
   const int64_t nse = static_cast<int64_t>(vals_b.element_count());
@@ -114,44 +119,58 @@ ffi::Error Run(ffi::AnyBuffer vals_b, ffi::AnyBuffer cols_b, ffi::AnyBuffer rows
   const auto entries = SortedEntries(vals_b.typed_data<T>(), cols_b.typed_data<I>(),
                                      rows_b.typed_data<I>(), nse, k);
   const int64_t n_entries = static_cast<int64_t>(entries.size());
+  // Where each distinct column's run of entries starts (and one past the end).
+  std::vector<int64_t> starts;
+  for (int64_t n = 0; n < n_entries; ++n) {
+    if (n == 0 || entries[n].col != entries[n - 1].col) starts.push_back(n);
+  }
+  const int64_t n_unique = static_cast<int64_t>(starts.size());
+  if (n_unique > cap) {  // cannot happen when cap = min(nse, k): never drop silently
+    return ffi::Error::InvalidArgument("more distinct columns than result slots");
+  }
+  starts.push_back(n_entries);
+
   const int64_t row_bytes = std::min<int64_t>(d * static_cast<int64_t>(sizeof(T)),
                                               kMaxPrefetchBytes);
-  int64_t u = -1;
-  for (int64_t n = 0; n < n_entries; ++n) {
-    if (n + kPrefetchAhead < n_entries) {
-      const int64_t r = entries[n + kPrefetchAhead].row;
-      if (r >= 0 && r < t_rows) {
-        const char* row = reinterpret_cast<const char*>(table + r * d);
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+  // Result slot u < n_unique sums its column's entries in slot order; the
+  // slots after those are padding (id k, zero row). Slots are split over
+  // threads, each written by exactly one.
+  auto fill = [&](int64_t u0, int64_t u1) {
+    const int64_t last = std::min(u1, n_unique);
+    for (int64_t u = u0; u < last; ++u) {
+      T* __restrict__ o = data + u * d;
+      std::memset(o, 0, sizeof(T) * d);
+      idx[u] = entries[starts[u]].col;
+      for (int64_t n = starts[u]; n < starts[u + 1]; ++n) {
+        if (n + kPrefetchAhead < n_entries) {
+          const int64_t r = entries[n + kPrefetchAhead].row;
+          if (r >= 0 && r < t_rows) {
+            const char* row = reinterpret_cast<const char*>(table + r * d);
+            for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+          }
+        }
+        const T v = entries[n].val;
+        const int64_t r = entries[n].row;
+        if (r < 0 || r >= t_rows) {
+          if (!std::isfinite(v)) {  // v times a zero row
+            for (int64_t t = 0; t < d; ++t) o[t] += v * T(0);
+          }
+          continue;
+        }
+        const T* __restrict__ row = table + r * d;
+        for (int64_t t = 0; t < d; ++t) o[t] += v * row[t];
       }
     }
-    const auto& e = entries[n];
-    if (u < 0 || e.col != idx[u]) {
-      if (u + 1 >= cap) {  // cannot happen when cap = min(nse, k): never drop silently
-        return ffi::Error::InvalidArgument("more distinct columns than result slots");
-      }
-      ++u;
-      idx[u] = e.col;
-      std::memset(data + u * d, 0, sizeof(T) * d);
-    }
-    T* __restrict__ o = data + u * d;
-    const T v = e.val;
-    const int64_t r = e.row;
-    if (r < 0 || r >= t_rows) {
-      if (!std::isfinite(v)) {  // v times a zero row
-        for (int64_t t = 0; t < d; ++t) o[t] += v * T(0);
-      }
-      continue;
-    }
-    const T* __restrict__ row = table + r * d;
-    for (int64_t t = 0; t < d; ++t) o[t] += v * row[t];
-  }
-  for (int64_t p = u + 1; p < cap; ++p) idx[p] = static_cast<I>(k);
-  if (u + 1 < cap) std::memset(data + (u + 1) * d, 0, sizeof(T) * d * (cap - u - 1));
+    const int64_t pad0 = std::max(u0, n_unique);
+    for (int64_t u = pad0; u < u1; ++u) idx[u] = static_cast<I>(k);
+    if (u1 > pad0) std::memset(data + pad0 * d, 0, sizeof(T) * d * (u1 - pad0));
+  };
+  jaxsparse_rows::ParallelRanges(pool, cap, (n_entries + cap) * d >= kParallelMinWork, fill);
   return ffi::Error::Success();
 }
 
-ffi::Error CsrTDense(ffi::AnyBuffer vals, ffi::AnyBuffer cols, ffi::AnyBuffer rows,
+ffi::Error CsrTDense(ffi::ThreadPool pool, ffi::AnyBuffer vals, ffi::AnyBuffer cols,
+                     ffi::AnyBuffer rows,
                      ffi::AnyBuffer table, int64_t k, ffi::Result<ffi::AnyBuffer> idx,
                      ffi::Result<ffi::AnyBuffer> data) {
   const auto vt = vals.element_type();
@@ -162,16 +181,16 @@ ffi::Error CsrTDense(ffi::AnyBuffer vals, ffi::AnyBuffer cols, ffi::AnyBuffer ro
   }
   try {  // the sort's buffers are the only allocations: report, never abort
     if (vt == ffi::DataType::F32 && it == ffi::DataType::S32) {
-      return Run<float, int32_t>(vals, cols, rows, table, k, idx, data);
+      return Run<float, int32_t>(pool, vals, cols, rows, table, k, idx, data);
     }
     if (vt == ffi::DataType::F32 && it == ffi::DataType::S64) {
-      return Run<float, int64_t>(vals, cols, rows, table, k, idx, data);
+      return Run<float, int64_t>(pool, vals, cols, rows, table, k, idx, data);
     }
     if (vt == ffi::DataType::F64 && it == ffi::DataType::S32) {
-      return Run<double, int32_t>(vals, cols, rows, table, k, idx, data);
+      return Run<double, int32_t>(pool, vals, cols, rows, table, k, idx, data);
     }
     if (vt == ffi::DataType::F64 && it == ffi::DataType::S64) {
-      return Run<double, int64_t>(vals, cols, rows, table, k, idx, data);
+      return Run<double, int64_t>(pool, vals, cols, rows, table, k, idx, data);
     }
   } catch (const std::bad_alloc&) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, "out of memory for the column sort");
@@ -183,6 +202,7 @@ ffi::Error CsrTDense(ffi::AnyBuffer vals, ffi::AnyBuffer cols, ffi::AnyBuffer ro
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jsr_csr_t_dense, CsrTDense,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // vals [nse]
                                   .Arg<ffi::AnyBuffer>()  // cols [nse]
                                   .Arg<ffi::AnyBuffer>()  // rows [nse]: row id into table
