@@ -129,6 +129,16 @@ def _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr):
     return jnp.dot(a, b)
 
 
+def _rhs_table(rhs: Any, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(rows, table)`` the csr products read for ``rhs[ids]``: a dense rhs is
+    the table itself; a RowSparse rhs reads its stored rows, at the slots of
+    ``ids`` (``lookup_slots``: an absent id gets an out-of-range slot, which
+    reads a zero row)."""
+    if isinstance(rhs, RowSparse):
+        return lookup_slots(rhs, ids), rhs.data
+    return ids, jnp.asarray(rhs)
+
+
 def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     """``out[r] = sum_j vals[j] * table[cols[j]]`` over row ``r``'s entries, in XLA ops:
     gather the rows, cast them to ``dtype`` (default: the table's), scale them,
@@ -175,18 +185,10 @@ def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
     """``lhs @ rhs``: for every row, the sum of its entries times the rhs rows they
     select (the native CPU kernel where it applies, else XLA ops)."""
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
-    if isinstance(rhs, RowSparse):
-        cols, table = lookup_slots(rhs, lhs.indices), rhs.data
-    else:
-        cols, table = lhs.indices, jnp.asarray(rhs)
+    cols, table = _rhs_table(rhs, lhs.indices)
     cols = cols.astype(lhs.indptr.dtype)
-    # The kernel takes operands that already share the result dtype; anything
-    # else would need a cast of the whole [K, D] table first, so it runs in XLA,
-    # which casts only the gathered rows.
-    same = lhs.data.dtype == dtype and table.dtype == dtype
     if (
-        same
-        and _native.native_kernels_enabled()
+        _native.native_kernels_enabled()
         and lhs.shape[0] > 0
         and _native.supports(lhs.data, table, cols, lhs.indptr)
     ):
@@ -247,16 +249,10 @@ def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
     native CPU kernel where it applies, else XLA ops)."""
     k = lhs.shape[1]
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
-    row_ids = lhs.row_ids()
-    if isinstance(rhs, RowSparse):
-        rows, table = lookup_slots(rhs, row_ids), rhs.data
-    else:
-        rows, table = row_ids, jnp.asarray(rhs)
+    rows, table = _rhs_table(rhs, lhs.row_ids())
     cols, rows = lhs.indices.astype(index_dtype()), rows.astype(index_dtype())
-    same = lhs.data.dtype == dtype and table.dtype == dtype
     if (
-        same
-        and 0 < k <= np.iinfo(index_dtype()).max  # k pads the result's indices
+        0 < k <= np.iinfo(index_dtype()).max  # k pads the result's indices
         and _native.native_kernels_enabled()
         and _native.supports(lhs.data, table, cols, rows)
     ):

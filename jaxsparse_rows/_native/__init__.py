@@ -197,7 +197,12 @@ def set_native_kernels(enabled: bool = True) -> None:
 
 def supports(vals: Any, table: Any, *ids: Any) -> bool:
     """Whether the kernels handle these operands: float32/float64 ``vals`` and
-    ``table`` of one dtype, int32/int64 ``ids`` of one dtype, nothing empty."""
+    ``table`` of one dtype, int32/int64 ``ids`` of one dtype, nothing empty.
+
+    One value dtype for both operands is also what keeps mixed-dtype products
+    (e.g. a bfloat16 table) in XLA, which casts only the gathered rows instead
+    of the whole ``[K, D]`` table.
+    """
     vdt = np.dtype(vals.dtype)
     idts = {np.dtype(i.dtype) for i in ids}
     return (
