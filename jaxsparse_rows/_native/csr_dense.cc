@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <new>
 
+#include "dispatch.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -107,23 +107,9 @@ ffi::Error CsrDense(ffi::ThreadPool pool, ffi::AnyBuffer vals, ffi::AnyBuffer co
   if (table.element_type() != vt || out->element_type() != vt || indptr.element_type() != it) {
     return ffi::Error::InvalidArgument("operand dtypes do not match");
   }
-  try {  // the thread-pool bookkeeping allocates: report, never abort
-    if (vt == ffi::DataType::F32 && it == ffi::DataType::S32) {
-      return Dispatch<float, int32_t>(pool, vals, cols, indptr, table, out);
-    }
-    if (vt == ffi::DataType::F32 && it == ffi::DataType::S64) {
-      return Dispatch<float, int64_t>(pool, vals, cols, indptr, table, out);
-    }
-    if (vt == ffi::DataType::F64 && it == ffi::DataType::S32) {
-      return Dispatch<double, int32_t>(pool, vals, cols, indptr, table, out);
-    }
-    if (vt == ffi::DataType::F64 && it == ffi::DataType::S64) {
-      return Dispatch<double, int64_t>(pool, vals, cols, indptr, table, out);
-    }
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "out of memory");
-  }
-  return ffi::Error::InvalidArgument("supported dtypes: float32/float64 values, int32/int64 ids");
+  return jaxsparse_rows::ForDtypes(vt, it, [&](auto t, auto i) {
+    return Dispatch<decltype(t), decltype(i)>(pool, vals, cols, indptr, table, out);
+  });
 }
 
 }  // namespace

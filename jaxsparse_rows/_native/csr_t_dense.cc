@@ -17,13 +17,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
+#include "dispatch.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -179,23 +179,9 @@ ffi::Error CsrTDense(ffi::ThreadPool pool, ffi::AnyBuffer vals, ffi::AnyBuffer c
       rows.element_type() != it || idx->element_type() != it) {
     return ffi::Error::InvalidArgument("operand dtypes do not match");
   }
-  try {  // the sort's buffers are the only allocations: report, never abort
-    if (vt == ffi::DataType::F32 && it == ffi::DataType::S32) {
-      return Run<float, int32_t>(pool, vals, cols, rows, table, k, idx, data);
-    }
-    if (vt == ffi::DataType::F32 && it == ffi::DataType::S64) {
-      return Run<float, int64_t>(pool, vals, cols, rows, table, k, idx, data);
-    }
-    if (vt == ffi::DataType::F64 && it == ffi::DataType::S32) {
-      return Run<double, int32_t>(pool, vals, cols, rows, table, k, idx, data);
-    }
-    if (vt == ffi::DataType::F64 && it == ffi::DataType::S64) {
-      return Run<double, int64_t>(pool, vals, cols, rows, table, k, idx, data);
-    }
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "out of memory for the column sort");
-  }
-  return ffi::Error::InvalidArgument("supported dtypes: float32/float64 values, int32/int64 ids");
+  return jaxsparse_rows::ForDtypes(vt, it, [&](auto t, auto i) {
+    return Run<decltype(t), decltype(i)>(pool, vals, cols, rows, table, k, idx, data);
+  });
 }
 
 }  // namespace
