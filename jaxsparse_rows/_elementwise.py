@@ -33,10 +33,10 @@ from jax import lax
 
 from ._config import log_inference, warn_fallback
 from ._csr import CSR
+from ._row_moves import scatter_sorted_rows
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, is_sparse, stype
 from ._util import (
-    ROWSPARSE_INDEXING,
     broadcast_row_mask,
     coalesce_rows,
     gather_rows,
@@ -312,7 +312,7 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
         )
     data = sparse.data.astype(dtype)
     if isinstance(sparse, RowSparse):
-        return base.at[sparse.indices].add(data, mode="drop", **ROWSPARSE_INDEXING)
+        return scatter_sorted_rows(base, sparse.indices, data, add=True)
     return base.at[sparse.row_ids(), sparse.indices].add(data, mode="drop")
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
 from ._util import (
     capacity_check,
@@ -96,7 +97,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     if n == 0:
         data = jnp.zeros((cap,) + tuple(table.shape[1:]), table.dtype)
     else:
-        data = table.at[uniq].get(mode="fill", fill_value=0, indices_are_sorted=True)
+        data = gather_sorted_rows(table, uniq)
     return RowSparse._make(data, uniq, table.shape)
 
 

@@ -9,7 +9,10 @@ the CSR products of ``jsr.dot`` run it on CPU:
   gather-scale-accumulate loop that prefetches the rows it is about to read
   and splits the output rows over XLA's intra-op thread pool;
 - their ``transpose_a=True`` forms (``csr_t_dense.cc``): a stable radix sort of
-  (column, row, value) entries and one pass per distinct column.
+  (column, row, value) entries and one pass per distinct column;
+- the row gathers and in-place row scatters of the lazy optimizers,
+  ``apply_updates`` and ``pull_rows`` (``rows.cc``): prefetching copy / add
+  loops over the listed rows, split over the same pool.
 
 Other platforms (GPU, TPU), other dtypes, and installs without the library run
 the pure-XLA implementations in ``_dot.py``, which are the reference the
@@ -36,6 +39,8 @@ logger = logging.getLogger("jaxsparse_rows")
 
 CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
 CSR_T_DENSE_TARGET = "jaxsparse_rows_csr_t_dense"
+GATHER_ROWS_TARGET = "jaxsparse_rows_gather_rows"
+SCATTER_ROWS_TARGET = "jaxsparse_rows_scatter_rows"
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -110,6 +115,27 @@ def _self_test() -> str:
         and not data[n:].any()
     ):
         return "the self-test transposed product differed from numpy"
+    return _self_test_rows(rng)
+
+
+def _self_test_rows(rng: np.random.Generator) -> str:
+    """Gathers and scatters (set and add) rows at sorted ids with padding ids
+    and an id past the table, on both the one-thread and the threaded path."""
+    for n, k, d in ((40, 7, 3), (3000, 1024, 64)):
+        table = rng.standard_normal((n, d)).astype(np.float32)
+        ids = np.sort(rng.choice(n, k - 2, replace=False))
+        ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)  # padding, past the end
+        rows = rng.standard_normal((k, d)).astype(np.float32)
+        live = ids < n
+        expected = np.where(live[:, None], table[np.minimum(ids, n - 1)], 0)
+        if not np.array_equal(_run_on_cpu(gather_rows_call, table, ids), expected):
+            return "the self-test row gather differed from numpy"
+        for add in (False, True):
+            expected = table.copy()
+            expected[ids[live]] = rows[live] + (table[ids[live]] if add else 0)
+            got = _run_on_cpu(scatter_rows_call, table, ids, rows, static=(add,))
+            if not np.array_equal(got, expected):
+                return f"the self-test row scatter (add={add}) differed from numpy"
     return "ok"
 
 
@@ -123,6 +149,8 @@ def _load() -> str:
         for target, symbol in (
             (CSR_DENSE_TARGET, _library.jsr_csr_dense),
             (CSR_T_DENSE_TARGET, _library.jsr_csr_t_dense),
+            (GATHER_ROWS_TARGET, _library.jsr_gather_rows),
+            (SCATTER_ROWS_TARGET, _library.jsr_scatter_rows),
         ):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
         return _self_test()
@@ -246,6 +274,60 @@ def csr_t_dense_call(vals: Any, cols: Any, rows: Any, table: Any, k: int):
     return call(vals, cols, rows, table, k=np.int64(k))
 
 
+_ROW_DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        np.float16,
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+    )
+) + (np.dtype(jax.numpy.bfloat16),)
+
+
+def supports_rows(table: Any, ids: Any, *, add: bool = False) -> bool:
+    """Whether the row kernels handle ``table[ids]`` (and a scatter into it):
+    a table with at least one row and one element per row, of a plain numeric
+    dtype (float32/float64 when ``add``), and non-empty 1-D int32/int64 ids."""
+    tdt = np.dtype(table.dtype)
+    ok = _VALUE_DTYPES if add else _ROW_DTYPES
+    return (
+        tdt in ok
+        and np.dtype(ids.dtype) in _INDEX_DTYPES
+        and ids.ndim == 1
+        and ids.shape[0] > 0
+        and table.ndim >= 1
+        and table.size > 0
+    )
+
+
+def gather_rows_call(table: Any, ids: Any) -> jax.Array:
+    """The raw FFI call: ``out[i] = table[ids[i]]``, a zero row where ``ids[i]``
+    is outside ``[0, N)``. CPU only and not differentiable by itself."""
+    out = jax.ShapeDtypeStruct(tuple(ids.shape) + tuple(table.shape[1:]), table.dtype)
+    return jax.ffi.ffi_call(GATHER_ROWS_TARGET, out, vmap_method="sequential")(table, ids)
+
+
+def scatter_rows_call(table: Any, ids: Any, rows: Any, add: bool = False) -> jax.Array:
+    """The raw FFI call: ``table`` with ``table[ids[i]] = rows[i]`` (``+=`` when
+    ``add``); ids outside ``[0, N)`` are dropped. The result aliases ``table``, so
+    XLA updates a donated (or dead) table in place. CPU only and not
+    differentiable by itself."""
+    out = jax.ShapeDtypeStruct(tuple(table.shape), table.dtype)
+    call = jax.ffi.ffi_call(
+        SCATTER_ROWS_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
+    )
+    return call(table, ids, rows, add=bool(add))
+
+
 __all__ = [
     "native_kernels_available",
     "native_kernels_enabled",
@@ -254,5 +336,8 @@ __all__ = [
     "supports",
     "csr_dense_call",
     "csr_t_dense_call",
+    "supports_rows",
+    "gather_rows_call",
+    "scatter_rows_call",
     "library_path",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._util import ROWSPARSE_INDEXING
+from .._row_moves import scatter_sorted_rows
 from ._tree import check_like, gather_rows, is_rowsparse, scatter_rows
 
 
@@ -47,7 +47,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
         if is_rowsparse(u):
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:
-                return p.at[u.indices].add(u.data, mode="drop", **ROWSPARSE_INDEXING)
+                return scatter_sorted_rows(p, u.indices, u.data, add=True)
             rows = gather_rows(p, u.indices).astype(dtype) + u.data.astype(dtype)
             return scatter_rows(p, u.indices, rows)
         return jnp.asarray(p + u).astype(p.dtype)

@@ -9,9 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._row_moves import gather_sorted_rows, scatter_sorted_rows
 from .._rowsparse import RowSparse, mask_padding
-from .._util import ROWSPARSE_INDEXING
-from .._util import gather_rows as _gather_rows
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "
@@ -89,12 +88,12 @@ def check_dense_params(params: Any, name: str) -> None:
 
 def gather_rows(x: jax.Array, indices: jax.Array) -> jax.Array:
     """Rows of a dense ``x`` at sorted RowSparse ``indices`` (padding ids give zero rows)."""
-    return _gather_rows(x, indices, indices_are_sorted=True)
+    return gather_sorted_rows(x, indices)
 
 
 def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array:
     """``x`` with rows ``indices`` replaced by ``rows`` (padding ids dropped)."""
-    return x.at[indices].set(rows.astype(x.dtype), mode="drop", **ROWSPARSE_INDEXING)
+    return scatter_sorted_rows(x, indices, rows)
 
 
 # Zeros the padding slots of update data so updates keep the RowSparse invariant.

@@ -1,0 +1,194 @@
+// Native CPU kernels for the row gathers and scatters of the lazy optimizers,
+// registered with XLA through the typed FFI. The XLA ops they replace
+// (`x.at[ids].get / set / add` with sorted unique ids) stay the reference, the
+// GPU path and the fallback; see jaxsparse_rows/_native/__init__.py.
+//
+//   gather:  out[i, :] = table[ids[i], :]   (a zero row for ids outside [0, N))
+//   scatter: table[ids[i], :] = rows[i, :]  (or +=; ids outside [0, N) dropped)
+//
+// The scatter's result is the table operand itself (XLA aliases the two, so a
+// donated table is updated in place). Both loops are bound by the latency of
+// reaching random rows of a large table, so they prefetch the rows a few ids
+// ahead and split the ids over XLA's intra-op thread pool. Every id is
+// range-checked: malformed ids give unspecified values, never an
+// out-of-bounds access.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "dispatch.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kPrefetchAhead = 8;          // ids ahead whose row is prefetched
+constexpr int64_t kMaxPrefetchBytes = 1024;    // of each such row (the rest streams in)
+constexpr int64_t kParallelMinBytes = 1 << 17; // moved bytes below which one thread is faster
+
+inline void PrefetchRow(const char* row, int64_t bytes, bool write) {
+  if (write) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1);
+  } else {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0);
+  }
+}
+
+// The rows [n, row_bytes] of a table and the ids addressing them.
+template <typename I>
+struct Rows {
+  char* table;
+  const I* ids;
+  int64_t n, k, row_bytes;
+
+  const char* Row(int64_t i, int64_t ahead_bytes, bool write) const {
+    if (i + kPrefetchAhead < k) {
+      const int64_t a = ids[i + kPrefetchAhead];
+      if (a >= 0 && a < n) PrefetchRow(table + a * row_bytes, ahead_bytes, write);
+    }
+    const int64_t r = ids[i];
+    return (r >= 0 && r < n) ? table + r * row_bytes : nullptr;
+  }
+};
+
+// Splits [0, k) over the pool; with sorted ids a run of equal ids stays in one
+// range, so malformed (repeated) ids never make two threads write one row.
+template <typename I, typename Body>
+void ForIds(ffi::ThreadPool& pool, const Rows<I>& r, Body body) {
+  jaxsparse_rows::ParallelRanges(
+      pool, r.k, r.k * r.row_bytes >= kParallelMinBytes, [&r, &body](int64_t b, int64_t e) {
+        while (b > 0 && b < e && r.ids[b] == r.ids[b - 1]) ++b;
+        while (e < r.k && r.ids[e] == r.ids[e - 1]) ++e;
+        if (b < e) body(b, e);
+      });
+}
+
+template <typename I>
+Rows<I> MakeRows(const void* table, ffi::Span<const int64_t> dims, size_t elem_bytes,
+                 const ffi::AnyBuffer& ids) {
+  int64_t row = static_cast<int64_t>(elem_bytes);
+  for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
+  return Rows<I>{static_cast<char*>(const_cast<void*>(table)), ids.typed_data<I>(), dims[0],
+                 static_cast<int64_t>(ids.element_count()), row};
+}
+
+template <typename I>
+ffi::Error GatherT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
+                   ffi::Result<ffi::AnyBuffer> out) {
+  const Rows<I> r = MakeRows<I>(table.untyped_data(), table.dimensions(),
+                                ffi::ByteWidth(table.element_type()), ids);
+  if (static_cast<int64_t>(out->size_bytes()) != r.k * r.row_bytes) {
+    return ffi::Error::InvalidArgument("gather: output size does not match [K, ...]");
+  }
+  char* o = static_cast<char*>(out->untyped_data());
+  const int64_t ahead = std::min(r.row_bytes, kMaxPrefetchBytes);
+  ForIds(pool, r, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const char* src = r.Row(i, ahead, false);
+      if (src) {
+        std::memcpy(o + i * r.row_bytes, src, r.row_bytes);
+      } else {
+        std::memset(o + i * r.row_bytes, 0, r.row_bytes);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+template <typename T, typename I>
+void AddRows(const Rows<I>& r, const T* __restrict__ rows, int64_t b, int64_t e) {
+  const int64_t d = r.row_bytes / static_cast<int64_t>(sizeof(T));
+  const int64_t ahead = std::min(r.row_bytes, kMaxPrefetchBytes);
+  for (int64_t i = b; i < e; ++i) {
+    T* __restrict__ dst = reinterpret_cast<T*>(const_cast<char*>(r.Row(i, ahead, true)));
+    if (!dst) continue;
+    const T* __restrict__ src = rows + i * d;
+    for (int64_t t = 0; t < d; ++t) dst[t] += src[t];
+  }
+}
+
+template <typename I>
+ffi::Error ScatterT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
+                    ffi::AnyBuffer rows, ffi::Result<ffi::AnyBuffer> out, bool add) {
+  // XLA aliases `out` with `table`; copy only if it ever did not.
+  if (out->untyped_data() != table.untyped_data()) {
+    std::memcpy(out->untyped_data(), table.untyped_data(), table.size_bytes());
+  }
+  const Rows<I> r =
+      MakeRows<I>(out->untyped_data(), table.dimensions(), ffi::ByteWidth(table.element_type()), ids);
+  if (static_cast<int64_t>(rows.size_bytes()) != r.k * r.row_bytes) {
+    return ffi::Error::InvalidArgument("scatter: rows do not match [K, ...] of the table");
+  }
+  const char* src = static_cast<const char*>(rows.untyped_data());
+  if (!add) {
+    const int64_t ahead = std::min(r.row_bytes, kMaxPrefetchBytes);
+    ForIds(pool, r, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        char* dst = const_cast<char*>(r.Row(i, ahead, true));
+        if (dst) std::memcpy(dst, src + i * r.row_bytes, r.row_bytes);
+      }
+    });
+    return ffi::Error::Success();
+  }
+  // Addition needs the value type; the id type was chosen by the caller.
+  return jaxsparse_rows::ForDtypes(table.element_type(), ids.element_type(), [&](auto t, auto) {
+    using T = decltype(t);
+    ForIds(pool, r, [&](int64_t b, int64_t e) {
+      AddRows<T, I>(r, reinterpret_cast<const T*>(src), b, e);
+    });
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error CheckOperands(ffi::AnyBuffer table, ffi::AnyBuffer ids, ffi::DataType out_type) {
+  if (table.dimensions().size() < 1) return ffi::Error::InvalidArgument("table must have a row axis");
+  if (out_type != table.element_type()) {
+    return ffi::Error::InvalidArgument("table and result dtypes differ");
+  }
+  const auto it = ids.element_type();
+  if (it != ffi::DataType::S32 && it != ffi::DataType::S64) {
+    return ffi::Error::InvalidArgument("ids must be int32 or int64");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Gather(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
+                  ffi::Result<ffi::AnyBuffer> out) {
+  if (auto err = CheckOperands(table, ids, out->element_type()); err.failure()) return err;
+  if (ids.element_type() == ffi::DataType::S32) return GatherT<int32_t>(pool, table, ids, out);
+  return GatherT<int64_t>(pool, table, ids, out);
+}
+
+ffi::Error Scatter(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
+                   ffi::AnyBuffer rows, ffi::Result<ffi::AnyBuffer> out, bool add) {
+  if (auto err = CheckOperands(table, ids, out->element_type()); err.failure()) return err;
+  if (rows.element_type() != table.element_type()) {
+    return ffi::Error::InvalidArgument("table and rows dtypes differ");
+  }
+  if (ids.element_type() == ffi::DataType::S32) {
+    return ScatterT<int32_t>(pool, table, ids, rows, out, add);
+  }
+  return ScatterT<int64_t>(pool, table, ids, rows, out, add);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jsr_gather_rows, Gather,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // table [N, ...]
+                                  .Arg<ffi::AnyBuffer>()  // ids [K]
+                                  .Ret<ffi::AnyBuffer>()  // out [K, ...]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jsr_scatter_rows, Scatter,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // table [N, ...]
+                                  .Arg<ffi::AnyBuffer>()  // ids [K]
+                                  .Arg<ffi::AnyBuffer>()  // rows [K, ...]
+                                  .Ret<ffi::AnyBuffer>()  // the table, aliased
+                                  .Attr<bool>("add"));

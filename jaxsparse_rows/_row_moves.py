@@ -1,0 +1,101 @@
+"""Gathering the listed rows of a dense table and writing them back.
+
+Every lazy optimizer step, ``optim.apply_updates`` and ``pull_rows`` reduce to
+``table[ids]`` and ``table.at[ids].set / add(rows)`` at the sorted ids of a
+RowSparse (padding ids ``N`` included). On CPU, where the native kernels are
+available, these run ``_native``'s prefetching row kernels (the scatter updates
+the table in place when it is donated); elsewhere, and for dtypes the kernels do
+not take, they are the XLA ops below, which the kernels are tested against and
+which supply the derivatives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from . import _native
+from ._util import gather_rows as _gather_rows_xla_any
+
+
+def _gather_xla(table: jax.Array, ids: jax.Array) -> jax.Array:
+    return _gather_rows_xla_any(table, ids, indices_are_sorted=True)
+
+
+def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
+    ref = table.at[ids]
+    kw = dict(indices_are_sorted=True, unique_indices=True, wrap_negative_indices=False)
+    return (ref.add if add else ref.set)(rows, mode="drop", **kw)
+
+
+@jax.custom_jvp
+def _gather_native(table, ids):
+    return jax.lax.platform_dependent(table, ids, cpu=_native.gather_rows_call, default=_gather_xla)
+
+
+def _gather_native_jvp(primals, tangents):
+    table, ids = primals
+    d_table, _ = tangents
+    out = _gather_native(table, ids)
+    if isinstance(d_table, SymbolicZero):
+        return out, jnp.zeros_like(out)
+    return out, _gather_xla(d_table, ids)
+
+
+_gather_native.defjvp(_gather_native_jvp, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _scatter_native(table, ids, rows, add):
+    return jax.lax.platform_dependent(
+        table,
+        ids,
+        rows,
+        cpu=functools.partial(_native.scatter_rows_call, add=add),
+        default=functools.partial(_scatter_xla, add=add),
+    )
+
+
+def _scatter_native_jvp(add, primals, tangents):
+    # Linear in (table, rows) for both set and add: the tangent is the same
+    # scatter of the tangents, in XLA ops that JAX can transpose.
+    table, ids, rows = primals
+    d_table, _, d_rows = tangents
+    out = _scatter_native(table, ids, rows, add)
+    if isinstance(d_table, SymbolicZero) and isinstance(d_rows, SymbolicZero):
+        return out, jnp.zeros_like(out)
+    d_table = jnp.zeros_like(table) if isinstance(d_table, SymbolicZero) else d_table
+    d_rows = jnp.zeros_like(rows) if isinstance(d_rows, SymbolicZero) else d_rows
+    return out, _scatter_xla(d_table, ids, d_rows, add)
+
+
+_scatter_native.defjvp(_scatter_native_jvp, symbolic_zeros=True)
+
+
+def _native_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
+    return _native.native_kernels_enabled() and _native.supports_rows(table, ids, add=add)
+
+
+def gather_sorted_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """``table[ids]`` along axis 0 for sorted 1-D ``ids``; ids outside ``[0, N)``
+    (the RowSparse padding id ``N``) read zero rows."""
+    table = jnp.asarray(table)
+    if _native_ok(table, ids):
+        return _gather_native(table, ids)
+    return _gather_xla(table, ids)
+
+
+def scatter_sorted_rows(
+    table: jax.Array, ids: jax.Array, rows: jax.Array, *, add: bool = False
+) -> jax.Array:
+    """``table`` with ``table[ids[i]] = rows[i]`` (``+=`` with ``add``) for sorted
+    unique 1-D ``ids``; ids outside ``[0, N)`` (padding) are dropped. ``rows`` is
+    cast to the table's dtype. A donated table is updated in place."""
+    table = jnp.asarray(table)
+    rows = jnp.broadcast_to(jnp.asarray(rows).astype(table.dtype), ids.shape + table.shape[1:])
+    if _native_ok(table, ids, add):
+        return _scatter_native(table, ids, rows, bool(add))
+    return _scatter_xla(table, ids, rows, bool(add))
