@@ -26,7 +26,7 @@ def _gather_xla(table: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
-    ref = table.at[ids]
+    ref = jnp.asarray(table).at[ids]
     kw = dict(indices_are_sorted=True, unique_indices=True, wrap_negative_indices=False)
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
 

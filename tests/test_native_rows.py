@@ -1,0 +1,333 @@
+"""The native CPU row kernels behind the lazy optimizers, ``apply_updates`` and
+``pull_rows``: a gather of the listed rows and an in-place scatter (set / add)
+into them, equal to XLA's gather/scatter and to a numpy oracle, in place under
+donation, with autodiff, vmap and malformed ids."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import optax
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import _native
+from jaxsparse_rows._row_moves import (
+    _gather_native,
+    _gather_xla,
+    _scatter_native,
+    _scatter_xla,
+    gather_sorted_rows,
+    scatter_sorted_rows,
+)
+
+REQUIRED = os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") == "1"
+GATHER = _native.GATHER_ROWS_TARGET
+SCATTER = _native.SCATTER_ROWS_TARGET
+
+pytestmark = pytest.mark.skipif(
+    not REQUIRED and not _native.native_kernels_available(),
+    reason=f"native kernels not built here: {_native.native_kernels_status()}",
+)
+
+DTYPES = [np.float32, np.float64, np.float16, jnp.bfloat16, np.int32, np.bool_]
+
+
+@pytest.fixture(autouse=True)
+def kernels_on():
+    previous = _native._enabled
+    jsr.set_native_kernels(True)
+    yield
+    jsr.set_native_kernels(previous)
+
+
+def _values(rng, shape, dtype):
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(-100, 100, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _ids(rng, n, k, n_pad, idtype, past_end=False):
+    """``k`` sorted unique ids in ``[0, n)``, then ``n_pad`` padding ids ``n``."""
+    ids = np.sort(rng.choice(n, min(k, n), replace=False))
+    tail = [n] * n_pad + ([n + 3] if past_end else [])
+    return np.concatenate([ids, tail]).astype(idtype)
+
+
+def _gather_oracle(table, ids):
+    n = table.shape[0]
+    live = (ids >= 0) & (ids < n)
+    out = np.zeros((len(ids),) + table.shape[1:], table.dtype)
+    out[live] = table[ids[live]]
+    return out
+
+
+def _scatter_oracle(table, ids, rows, add):
+    out = table.copy()
+    live = (ids >= 0) & (ids < table.shape[0])
+    out[ids[live]] = rows[live] + (table[ids[live]] if add else 0)
+    return out
+
+
+def _assert_same(got, want):
+    got = np.asarray(got)
+    assert got.dtype == np.asarray(want).dtype
+    np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))
+
+
+def _hlo(fn, *args):
+    return jax.jit(fn).lower(*args).as_text()
+
+
+@given(
+    n=st.integers(1, 60),
+    k=st.integers(0, 30),
+    n_pad=st.integers(0, 3),
+    row=st.sampled_from([(), (1,), (5,), (2, 3)]),
+    dtype=st.sampled_from(DTYPES),
+    idtype=st.sampled_from([np.int32, np.int64]),
+    past_end=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rows_match_oracle_and_xla(n, k, n_pad, row, dtype, idtype, past_end, seed):
+    """Bit for bit equal to numpy and to XLA's gather/scatter, eagerly and under
+    jit, for every dtype, id dtype, row shape, padding and an id past the end."""
+    with jax.enable_x64(True):  # float64 and int64 operands stay what they are
+        _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed)
+
+
+def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
+    rng = np.random.default_rng(seed)
+    ids = _ids(rng, n, k, n_pad, idtype, past_end)
+    if ids.size == 0:
+        ids = np.array([n], idtype)
+    table = _values(rng, (n,) + row, dtype)
+    rows = _values(rng, (len(ids),) + row, dtype)
+    jt, ji, jr = jnp.asarray(table), jnp.asarray(ids), jnp.asarray(rows)
+
+    want = _gather_oracle(table, ids)
+    assert GATHER in _hlo(gather_sorted_rows, jt, ji)
+    for fn in (gather_sorted_rows, jax.jit(gather_sorted_rows), _gather_xla):
+        _assert_same(fn(jt, ji), want)
+
+    adds = [False, True] if np.dtype(dtype) in (np.float32, np.float64) else [False]
+    for add in adds:
+        want = _scatter_oracle(table, ids, rows, add)
+        assert SCATTER in _hlo(
+            lambda t, i, r, add=add: scatter_sorted_rows(t, i, r, add=add), jt, ji, jr
+        )
+        _assert_same(scatter_sorted_rows(jt, ji, jr, add=add), want)
+        _assert_same(jax.jit(scatter_sorted_rows, static_argnames="add")(jt, ji, jr, add=add), want)
+        _assert_same(_scatter_xla(jt, ji, jr, add), want)
+    np.testing.assert_array_equal(np.asarray(jt), table)  # the operand was not written
+
+
+@pytest.mark.parametrize("idtype", [np.int32, np.int64])
+def test_threaded_path_is_exact_and_repeatable(rng, idtype):
+    """Enough rows for the kernels to split the ids over XLA's pool."""
+    n, k, d = 20_000, 4096, 32  # 512 kB of rows
+    table = rng.standard_normal((n, d)).astype(np.float32)
+    ids = _ids(rng, n, k, 100, jax.dtypes.canonicalize_dtype(idtype))
+    rows = rng.standard_normal((len(ids), d)).astype(np.float32)
+    jt, ji, jr = jnp.asarray(table), jnp.asarray(ids), jnp.asarray(rows)
+    g = jax.jit(_gather_native)
+    _assert_same(g(jt, ji), _gather_oracle(table, ids))
+    _assert_same(g(jt, ji), g(jt, ji))
+    for add in (False, True):
+        s = jax.jit(lambda t, i, r, add=add: _scatter_native(t, i, r, add))
+        want = _scatter_oracle(table, np.asarray(ids), rows, add)
+        _assert_same(s(jt, ji, jr), want)
+        _assert_same(s(jt, ji, jr), want)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_donated_table_is_updated_in_place(add):
+    """The scatter's result is the donated table's own buffer: no copy of it."""
+    table = jnp.zeros((10_000, 16))
+    ids = jnp.arange(0, 10_000, 7, dtype=jnp.int32)
+    rows = jnp.ones((ids.shape[0], 16))
+    f = jax.jit(lambda t, i, r: scatter_sorted_rows(t, i, r, add=add), donate_argnums=0)
+    compiled = f.lower(table, ids, rows).compile().as_text()
+    assert SCATTER in compiled
+    assert not [ln for ln in compiled.splitlines() if " copy(" in ln and "[10000,16]" in ln]
+    before = table.unsafe_buffer_pointer()
+    out = f(table, ids, rows)
+    assert out.unsafe_buffer_pointer() == before
+    assert table.is_deleted()
+    np.testing.assert_array_equal(out[::7], np.ones((ids.shape[0], 16)))
+    assert float(out.sum()) == ids.shape[0] * 16
+
+
+def test_undonated_table_is_left_alone():
+    table = jnp.zeros((50, 2))
+    out = jax.jit(lambda t: scatter_sorted_rows(t, jnp.array([3, 50]), 1.0, add=True))(table)
+    assert float(out.sum()) == 2.0 and float(table.sum()) == 0.0
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [-1, 2, 5],  # negative
+        [1, 1, 1, 4],  # repeated
+        [9, 2, 2**30, 0],  # unsorted and huge
+        [2**31 - 1, -(2**31)],  # extremes
+    ],
+)
+def test_malformed_ids_are_memory_safe(ids):
+    """Under jit ids are not checked; the kernels range-check every id: ids
+    outside the table read zero rows and write nothing, never out of bounds."""
+    table = jnp.arange(30.0).reshape(10, 3)
+    i = jnp.asarray(ids, jnp.int32)
+    out = jax.jit(_gather_native)(table, i)
+    valid = (np.asarray(ids) >= 0) & (np.asarray(ids) < 10)
+    np.testing.assert_array_equal(np.asarray(out)[~valid], 0)
+    np.testing.assert_array_equal(np.asarray(out)[valid], np.asarray(table)[np.asarray(ids)[valid]])
+    for add in (False, True):
+        got = jax.jit(lambda t, i, add=add: _scatter_native(t, i, -jnp.ones((i.shape[0], 3)), add))(
+            table, i
+        )
+        untouched = np.setdiff1d(np.arange(10), np.asarray(ids)[valid])
+        np.testing.assert_array_equal(np.asarray(got)[untouched], np.asarray(table)[untouched])
+
+
+def test_repeated_ids_on_the_threaded_path_stay_in_one_thread(rng):
+    """Sorted repeated ids (malformed) never make two threads add into one row:
+    each repeat is added exactly once, as a serial loop would."""
+    n, d = 1000, 64
+    ids = np.sort(rng.integers(0, 50, 4000)).astype(np.int32)  # every id repeated ~80x
+    rows = np.ones((len(ids), d), np.float32)
+    got = jax.jit(lambda t, i, r: _scatter_native(t, i, r, True))(
+        jnp.zeros((n, d)), jnp.asarray(ids), jnp.asarray(rows)
+    )
+    np.testing.assert_array_equal(np.asarray(got)[:, 0], np.bincount(ids, minlength=n))
+
+
+def test_gradients_match_the_xla_path(rng):
+    table = jnp.asarray(rng.standard_normal((9, 3)).astype(np.float32))
+    ids = jnp.array([0, 4, 8, 9], jnp.int32)
+    rows = jnp.asarray(rng.standard_normal((4, 3)).astype(np.float32))
+    jax.test_util.check_grads(lambda t: _gather_native(t, ids), (table,), 2, eps=1e-2)
+    for add in (False, True):
+
+        def native(t, r, add=add):
+            return jnp.sin(_scatter_native(t, ids, r, add)).sum()
+
+        def xla(t, r, add=add):
+            return jnp.sin(_scatter_xla(t, ids, r, add)).sum()
+
+        jax.test_util.check_grads(native, (table, rows), 2, eps=1e-2)
+        for a, b in zip(
+            jax.grad(native, (0, 1))(table, rows), jax.grad(xla, (0, 1))(table, rows), strict=True
+        ):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_vmap_matches_the_xla_path(rng):
+    tables = jnp.asarray(rng.standard_normal((3, 8, 2)).astype(np.float32))
+    ids = jnp.array([[0, 5, 8], [1, 2, 3], [7, 8, 8]], jnp.int32)
+    rows = jnp.asarray(rng.standard_normal((3, 3, 2)).astype(np.float32))
+    _assert_same(jax.vmap(_gather_native)(tables, ids), jax.vmap(_gather_xla)(tables, ids))
+    _assert_same(
+        jax.vmap(_gather_native, (None, 0))(tables[0], ids),
+        jax.vmap(_gather_xla, (None, 0))(tables[0], ids),
+    )
+    for add in (False, True):
+        _assert_same(
+            jax.jit(jax.vmap(lambda t, i, r, add=add: _scatter_native(t, i, r, add)))(
+                tables, ids, rows
+            ),
+            jax.vmap(lambda t, i, r, add=add: _scatter_xla(t, i, r, add))(tables, ids, rows),
+        )
+
+
+def test_cases_the_kernels_do_not_take_run_in_xla():
+    """No ids, an empty table, addition in a dtype other than float32/64, and
+    turned-off kernels all use XLA's ops, with the same results."""
+    t = jnp.arange(6.0).reshape(3, 2)
+    none = jnp.zeros((0,), jnp.int32)
+    assert GATHER not in _hlo(gather_sorted_rows, t, none)
+    assert gather_sorted_rows(t, none).shape == (0, 2)
+    empty = jnp.zeros((0, 2))
+    assert gather_sorted_rows(empty, jnp.array([0])).tolist() == [[0.0, 0.0]]
+    bf = t.astype(jnp.bfloat16)
+    text = _hlo(lambda a: scatter_sorted_rows(a, jnp.array([1]), 1.0, add=True), bf)
+    assert SCATTER not in text
+    assert scatter_sorted_rows(bf, jnp.array([1]), 1.0, add=True)[1].tolist() == [3.0, 4.0]
+    jsr.set_native_kernels(False)
+    assert GATHER not in _hlo(gather_sorted_rows, t, jnp.array([1]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: jsr.optim.lazy_adam(0.1),
+        lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, nesterov=True),
+        lambda: jsr.optim.lazy_adagrad(0.1),
+        lambda: jsr.optim.lazy_rowwise_adagrad(0.1, weight_decay=1e-2),
+        lambda: jsr.optim.lazy_ftrl(0.1),
+        lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, lazy="exact"),
+    ],
+)
+@pytest.mark.parametrize("apply", ["jsr", "optax"])
+def test_optimizer_steps_equal_with_kernels_on_and_off(rng, make, apply):
+    """Jitted, donated lazy steps give the same parameters and state with the
+    native row kernels as with XLA's gathers and scatters."""
+    v, d, k = 300, 4, 40
+    ap = jsr.optim.apply_updates if apply == "jsr" else optax.apply_updates
+    grads = []
+    for _ in range(4):
+        ids = np.sort(rng.choice(v, k, replace=False)).astype(np.int32)
+        ids[-3:] = v  # padding slots
+        data = rng.standard_normal((k, d)).astype(np.float32)
+        data[-3:] = 0
+        grads.append(jsr.RowSparse._make(jnp.asarray(data), jnp.asarray(ids), (v, d)))
+    results = {}
+    for on in (True, False):
+        jsr.set_native_kernels(on)
+        opt = make()
+
+        def step(p, s, g, opt=opt):
+            u, s = opt.update(g, s, p)
+            return ap(p, u), s
+
+        f = jax.jit(step, donate_argnums=(0, 1))
+        p = jnp.asarray(np.linspace(-1, 1, v * d, dtype=np.float32).reshape(v, d))
+        s = opt.init(p)
+        assert (SCATTER in f.lower(p, s, grads[0]).as_text()) == on
+        for g in grads:
+            p, s = f(p, s, g)
+        results[on] = jax.tree.map(np.asarray, (p, s))
+    for a, b in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_pull_rows_and_dense_plus_rowsparse_use_the_kernels():
+    table = jnp.arange(12.0).reshape(6, 2)
+    ids = jnp.array([[4, 1], [4, 4]])
+    assert GATHER in _hlo(lambda t: jsr.pull_rows(t, ids).data, table)
+    rsp = jsr.RowSparse([[1.0, 1.0]], [2], shape=(6, 2))
+    assert SCATTER in _hlo(lambda t: t + rsp, table)
+    np.testing.assert_array_equal(table + rsp, np.asarray(table) + np.asarray(rsp.todense()))
+
+
+def test_self_test_catches_wrong_row_kernels(monkeypatch):
+    assert _native._self_test_rows(np.random.default_rng(1)) == "ok"
+    real = _native.gather_rows_call
+    monkeypatch.setattr(_native, "gather_rows_call", lambda t, i: real(t, i)[::-1])
+    assert "row gather differed" in _native._self_test_rows(np.random.default_rng(1))
+    monkeypatch.setattr(_native, "gather_rows_call", real)
+    real_s = _native.scatter_rows_call
+
+    def no_add(table, ids, rows, add=False):
+        return real_s(table, ids, rows, False)
+
+    monkeypatch.setattr(_native, "scatter_rows_call", no_add)
+    assert "row scatter (add=True) differed" in _native._self_test_rows(np.random.default_rng(1))
