@@ -7,7 +7,10 @@ Default workload (issue 6): parameters [V = 1,000,000 x D = 64] float32, a
 RowSparse gradient with K = 4096 distinct rows. Every JAX step is one jitted
 function with the parameters and optimizer state donated, doing update + apply.
 The floor is a jitted, donated step that only gathers and scatters those K rows
-of the parameters and of each state array (nothing can do less work).
+of the parameters and of each state array with XLA's gather and scatter
+(nothing can do less work). A second floor does the same with the row kernels
+jsr's own steps use (its native CPU kernels, where built), for orientation: it
+shows how much of a lazy step is moving rows, and how much is the update rule.
 A pool of gradients with different rows is cycled so no contender keeps its
 rows in cache.
 
@@ -140,11 +143,37 @@ def dense_rowwise_adagrad(lr: float, eps: float = 1e-8) -> optax.GradientTransfo
 # ------------------------------------------------------------------------- floor
 
 
-def floor_contender(name: str, w: Workload, n_full: int, n_rowwise: int = 0) -> h.Contender:
+def _xla_rows():
+    kw = dict(indices_are_sorted=True, unique_indices=True)
+
+    def gather(a, idx):
+        return a.at[idx].get(mode="fill", fill_value=0, **kw)
+
+    def scatter(a, idx, rows):
+        return a.at[idx].set(rows, mode="drop", **kw)
+
+    return gather, scatter
+
+
+def _jsr_rows():
+    """The row gather/scatter jsr's lazy steps use (its native CPU kernels where
+    built, else the same XLA ops); private API, for this comparison only."""
+    moves = h.require("jaxsparse_rows._row_moves")
+    if not jsr.native_kernels_enabled():
+        raise h.Skip("jsr's native kernels are not built or are turned off")
+    return moves.gather_sorted_rows, moves.scatter_sorted_rows
+
+
+def floor_contender(
+    name: str, w: Workload, n_full: int, n_rowwise: int = 0, rows=_xla_rows
+) -> h.Contender:
     """Gathers and scatters the K rows of the params and ``n_full - 1`` [V, D]
-    state arrays (plus ``n_rowwise`` [V] arrays), in one donated jitted step."""
+    state arrays (plus ``n_rowwise`` [V] arrays), in one donated jitted step.
+    ``rows`` gives the gather and scatter: XLA's ops by default (the floor of the
+    targets), or jsr's row kernels (how much of a step is gather and scatter)."""
 
     def setup():
+        gather, scatter = rows()
         arrays = tuple(init_params(w.v, w.d) for _ in range(n_full))
         arrays += tuple(jnp.zeros((w.v,), jnp.float32) for _ in range(n_rowwise))
 
@@ -152,13 +181,8 @@ def floor_contender(name: str, w: Workload, n_full: int, n_rowwise: int = 0) -> 
             *arrs, idx, data = args
             out = []
             for i, a in enumerate(arrs):
-                rows = a.at[idx].get(
-                    mode="fill", fill_value=0, indices_are_sorted=True, unique_indices=True
-                )
-                new = rows + (data if a.ndim == 2 else data[:, 0]) * (0.5 + i)
-                out.append(
-                    a.at[idx].set(new, mode="drop", indices_are_sorted=True, unique_indices=True)
-                )
+                new = gather(a, idx) + (data if a.ndim == 2 else data[:, 0]) * (0.5 + i)
+                out.append(scatter(a, idx, new))
             return tuple(out)
 
         f = jax.jit(step, donate_argnums=tuple(range(len(arrays))))
@@ -297,6 +321,11 @@ def family_contenders(fam: Family, w: Workload, *, dense: bool = True, torch: bo
     if torch and fam.torch_name:
         cs.append(torch_contender(fam.torch_name, fam.torch_make, w))
     cs.append(floor_contender(f"floor ({fam.key})", w, fam.floor_full, fam.floor_rowwise))
+    cs.append(
+        floor_contender(
+            f"floor, jsr row kernels ({fam.key})", w, fam.floor_full, fam.floor_rowwise, _jsr_rows
+        )
+    )
     if fam.key == "adam":
         cs.append(handwritten_lazy_adam("hand-written lazy adam (jnp)", w))
     return cs
