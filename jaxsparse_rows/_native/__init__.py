@@ -65,26 +65,25 @@ def library_path() -> Path | None:
     return None
 
 
-def _run_on_cpu(fn, *args, static: tuple = ()) -> Any:
-    """``fn(*args, *static)`` compiled ahead of time and run on the CPU device.
+def _run_on_cpu(fn, *args) -> Any:
+    """``fn(*args)`` compiled ahead of time and run on the CPU device; ``args``
+    are pytrees of numpy arrays, the result comes back as numpy arrays.
 
     The first use of a kernel is often inside a jit trace: compiling and running
     on concrete arrays here keeps the self-test out of the caller's computation.
+    ``fn`` is wrapped in a fresh closure so that JAX's trace and compilation
+    caches let go of the program once it has run.
     """
     cpu = jax.devices("cpu")[0]
     with jax.transfer_guard("allow"), jax.ensure_compile_time_eval():
-        put = [jax.device_put(a, cpu) for a in args]
-        n = len(args)
-        static_argnums = tuple(range(n, n + len(static)))
-        compiled = jax.jit(fn, static_argnums=static_argnums).lower(*put, *static).compile()
+        put = jax.tree.map(lambda a: jax.device_put(a, cpu), args)
+        compiled = jax.jit(lambda *a: fn(*a)).lower(*put).compile()
         return jax.tree.map(np.asarray, jax.block_until_ready(compiled(*put)))
 
 
-def _self_test() -> str:
-    """Runs both kernels on a small CSR with an empty row, a column id with no
-    row, padding slots, and enough work for the threaded path; returns "ok" or
-    what went wrong."""
-    rng = np.random.default_rng(0)
+def _csr_case(rng: np.random.Generator):
+    """A small CSR with an empty row, a column id with no row and padding
+    slots, big enough for the threaded path; the expected products."""
     m, k, d, per_row = 64, 50, 48, 24
     cols = np.stack([np.sort(rng.choice(k, per_row, replace=False)) for _ in range(m)])
     cols[3, -1] = k  # an id with no row reads zero
@@ -94,48 +93,75 @@ def _self_test() -> str:
     vals = rng.standard_normal(m * per_row).astype(np.float32)
     rows = np.repeat(np.arange(m), np.diff(indptr)).astype(np.int32)  # of the used slots
     used, valid = slice(0, len(rows)), cols[: len(rows)] < k
-
     table = rng.standard_normal((k, d)).astype(np.float32)
     expected = np.zeros((m, d))
     np.add.at(expected, rows[valid], vals[used][valid, None] * table[cols[used][valid]])
-    got = _run_on_cpu(csr_dense_call, vals, cols, indptr, table)
-    if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
-        return "the self-test product differed from numpy"
-
     t_table = rng.standard_normal((m, 5)).astype(np.float32)
     t_expected = np.zeros((k, 5))
     np.add.at(t_expected, cols[used][valid], vals[used][valid, None] * t_table[rows[valid]])
     present = np.unique(cols[used][valid])
-    n = len(present)
-    idx, data = _run_on_cpu(csr_t_dense_call, vals[used], cols[used], rows, t_table, static=(k,))
-    if not (
-        np.array_equal(idx[:n], present)
-        and (idx[n:] == k).all()
-        and np.allclose(data[:n], t_expected[present], rtol=1e-4, atol=1e-4)
-        and not data[n:].any()
-    ):
-        return "the self-test transposed product differed from numpy"
-    return _self_test_rows(rng)
+    args = ((vals, cols, indptr, table), (vals[used], cols[used], rows, t_table))
+    return args, k, expected, (present, t_expected[present])
 
 
-def _self_test_rows(rng: np.random.Generator) -> str:
-    """Gathers and scatters (set and add) rows at sorted ids with padding ids
-    and an id past the table, on both the one-thread and the threaded path."""
+def _rows_cases(rng: np.random.Generator):
+    """Row gathers and scatters at sorted ids with a padding id and an id past
+    the table, on the one-thread and the threaded path; the expected results."""
+    cases = []
     for n, k, d in ((40, 7, 3), (3000, 1024, 64)):
         table = rng.standard_normal((n, d)).astype(np.float32)
         ids = np.sort(rng.choice(n, k - 2, replace=False))
-        ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)  # padding, past the end
+        ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)
         rows = rng.standard_normal((k, d)).astype(np.float32)
         live = ids < n
-        expected = np.where(live[:, None], table[np.minimum(ids, n - 1)], 0)
-        if not np.array_equal(_run_on_cpu(gather_rows_call, table, ids), expected):
-            return "the self-test row gather differed from numpy"
+        gathered = np.where(live[:, None], table[np.minimum(ids, n - 1)], 0)
+        scattered = []
         for add in (False, True):
-            expected = table.copy()
-            expected[ids[live]] = rows[live] + (table[ids[live]] if add else 0)
-            got = _run_on_cpu(scatter_rows_call, table, ids, rows, static=(add,))
-            if not np.array_equal(got, expected):
-                return f"the self-test row scatter (add={add}) differed from numpy"
+            out = table.copy()
+            out[ids[live]] = rows[live] + (table[ids[live]] if add else 0)
+            scattered.append(out)
+        cases.append(((table, ids, rows), (gathered, *scattered)))
+    return cases
+
+
+def _self_test() -> str:
+    """Runs every kernel once, in one small program compiled once, against
+    numpy; returns "ok" or which kernel went wrong."""
+    rng = np.random.default_rng(0)
+    (csr_args, t_args), k, expected, (present, t_expected) = _csr_case(rng)
+    rows_cases = _rows_cases(rng)
+
+    def probe(csr_args, t_args, rows_args):
+        return (
+            csr_dense_call(*csr_args),
+            csr_t_dense_call(*t_args, k),
+            [
+                (
+                    gather_rows_call(t, i),
+                    scatter_rows_call(t, i, r, False),
+                    scatter_rows_call(t, i, r, True),
+                )
+                for t, i, r in rows_args
+            ],
+        )
+
+    got, (idx, data), rows_got = _run_on_cpu(
+        probe, csr_args, t_args, [args for args, _ in rows_cases]
+    )
+    if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
+        return "the self-test product differed from numpy"
+    n = len(present)
+    if not (
+        np.array_equal(idx[:n], present)
+        and (idx[n:] == k).all()
+        and np.allclose(data[:n], t_expected, rtol=1e-4, atol=1e-4)
+        and not data[n:].any()
+    ):
+        return "the self-test transposed product differed from numpy"
+    for (_, want), results in zip(rows_cases, rows_got, strict=True):
+        for what, w, r in zip(("gather", "scatter", "scatter-add"), want, results, strict=True):
+            if not np.array_equal(r, w):
+                return f"the self-test row {what} differed from numpy"
     return "ok"
 
 
