@@ -331,3 +331,30 @@ def test_self_test_catches_wrong_row_kernels(monkeypatch):
 
     monkeypatch.setattr(_native, "scatter_rows_call", no_add)
     assert _native._self_test() == "the self-test row scatter-add differed from numpy"
+
+
+def test_jax_export_of_a_training_step():
+    """``jax.export`` refuses custom calls without compatibility guarantees: a
+    CPU step exports with the kernels off, or with their checks disabled (then
+    it runs only where jaxsparse_rows has registered them), as ops.md says."""
+    from jax import export
+
+    opt = jsr.optim.lazy_adam(0.1)
+    p = jnp.zeros((10, 2))
+    s = opt.init(p)
+    g = jsr.RowSparse([[1.0, 1.0]], [3], shape=(10, 2))
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), s
+
+    with pytest.raises(ValueError, match="custom calls"):
+        export.export(jax.jit(step))(p, s, g)
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in (GATHER, SCATTER)]
+    native = export.export(jax.jit(step), disabled_checks=checks)(p, s, g).call(p, s, g)
+    jsr.set_native_kernels(False)
+    exported = export.export(jax.jit(step))(p, s, g)
+    assert GATHER not in exported.mlir_module()
+    for a, b in zip(jax.tree.leaves(exported.call(p, s, g)), jax.tree.leaves(native), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert float(native[0][3, 0]) == pytest.approx(-0.1, rel=1e-4)
