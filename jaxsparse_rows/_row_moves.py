@@ -76,7 +76,13 @@ _scatter_native.defjvp(_scatter_native_jvp, symbolic_zeros=True)
 
 
 def _native_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
-    return _native.native_kernels_enabled() and _native.supports_rows(table, ids, add=add)
+    # A weakly typed table (e.g. ``jnp.full(shape, 1.0)``) stays in XLA, whose
+    # gather and scatter keep it weakly typed (a kernel's result is not).
+    return (
+        _native.native_kernels_enabled()
+        and not jax.typeof(table).weak_type
+        and _native.supports_rows(table, ids, add=add)
+    )
 
 
 def gather_sorted_rows(table: jax.Array, ids: jax.Array) -> jax.Array:

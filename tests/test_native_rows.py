@@ -198,16 +198,57 @@ def test_malformed_ids_are_memory_safe(ids):
         np.testing.assert_array_equal(np.asarray(got)[untouched], np.asarray(table)[untouched])
 
 
-def test_repeated_ids_on_the_threaded_path_stay_in_one_thread(rng):
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [0] + [5] * 3999,  # one run covering every thread's share
+        [0, 1, 2] + [7] * 3997,
+        "random",  # runs of about 80 of 50 ids
+    ],
+)
+def test_repeated_ids_on_the_threaded_path_are_added_once(rng, ids):
     """Sorted repeated ids (malformed) never make two threads add into one row:
     each repeat is added exactly once, as a serial loop would."""
     n, d = 1000, 64
-    ids = np.sort(rng.integers(0, 50, 4000)).astype(np.int32)  # every id repeated ~80x
+    if ids == "random":
+        ids = np.sort(rng.integers(0, 50, 4000))
+    ids = np.asarray(ids, np.int32)
     rows = np.ones((len(ids), d), np.float32)
     got = jax.jit(lambda t, i, r: _scatter_native(t, i, r, True))(
         jnp.zeros((n, d)), jnp.asarray(ids), jnp.asarray(rows)
     )
-    np.testing.assert_array_equal(np.asarray(got)[:, 0], np.bincount(ids, minlength=n))
+    want = np.bincount(ids, minlength=n).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(want[:, None], (n, d)))
+
+
+@pytest.mark.parametrize("n_live", [0, 1, 2048, 4000])
+def test_threaded_path_with_a_long_padding_tail(rng, n_live):
+    """Half or more of the slots padding (the id N repeated): the padding is
+    split over the threads like any ids, and reads zeros and writes nothing."""
+    n, k, d = 10_000, 4096, 64
+    ids = np.concatenate([np.sort(rng.choice(n, n_live, replace=False)), [n] * (k - n_live)])
+    ids = ids.astype(np.int32)
+    table = rng.standard_normal((n, d)).astype(np.float32)
+    rows = rng.standard_normal((k, d)).astype(np.float32)
+    jt, ji, jr = jnp.asarray(table), jnp.asarray(ids), jnp.asarray(rows)
+    _assert_same(jax.jit(_gather_native)(jt, ji), _gather_oracle(table, ids))
+    for add in (False, True):
+        got = jax.jit(lambda t, i, r, add=add: _scatter_native(t, i, r, add))(jt, ji, jr)
+        _assert_same(got, _scatter_oracle(table, ids, rows, add))
+
+
+def test_weakly_typed_tables_stay_weakly_typed():
+    """A weakly typed table (``jnp.full(shape, 1.0)``) keeps XLA's path, whose
+    results stay weakly typed, as they were before the kernels."""
+    w = jnp.full((4, 2), 1.0)
+    ids = jnp.array([1, 4])
+    assert jax.typeof(w).weak_type
+    assert jax.typeof(gather_sorted_rows(w, ids)).weak_type
+    assert jax.typeof(scatter_sorted_rows(w, ids, 2.0, add=True)).weak_type
+    assert GATHER not in _hlo(lambda t: gather_sorted_rows(t, ids), w)
+    strong = jnp.ones((4, 2))
+    assert not jax.typeof(gather_sorted_rows(strong, ids)).weak_type
+    assert GATHER in _hlo(lambda t: gather_sorted_rows(t, ids), strong)
 
 
 def test_gradients_match_the_xla_path(rng):
@@ -245,6 +286,15 @@ def test_vmap_matches_the_xla_path(rng):
                 tables, ids, rows
             ),
             jax.vmap(lambda t, i, r, add=add: _scatter_xla(t, i, r, add))(tables, ids, rows),
+        )
+        # one table, a batch of ids: every batch element scatters into its own copy
+        _assert_same(
+            jax.jit(jax.vmap(lambda t, i, r, add=add: _scatter_native(t, i, r, add), (None, 0, 0)))(
+                tables[0], ids, rows
+            ),
+            jax.vmap(lambda t, i, r, add=add: _scatter_xla(t, i, r, add), (None, 0, 0))(
+                tables[0], ids, rows
+            ),
         )
 
 

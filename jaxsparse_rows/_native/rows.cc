@@ -54,14 +54,25 @@ struct Rows {
   }
 };
 
-// Splits [0, k) over the pool; with sorted ids a run of equal ids stays in one
-// range, so malformed (repeated) ids never make two threads write one row.
+// The first position at or after x that does not continue a run of one
+// in-range id (x itself unless ids[x] == ids[x-1] names a row of the table).
+template <typename I>
+int64_t RunStart(const Rows<I>& r, int64_t x) {
+  while (x > 0 && x < r.k && r.ids[x] == r.ids[x - 1] && r.ids[x] >= 0 && r.ids[x] < r.n) ++x;
+  return x;
+}
+
+// Splits [0, k) over the pool. Each range is moved to start and end where a
+// run of one in-range id starts (RunStart is monotonic, so the moved ranges
+// stay disjoint and still cover [0, k)): malformed repeated sorted ids never
+// make two threads write one row, and the padding tail (the out-of-range id
+// N, repeated) still splits freely.
 template <typename I, typename Body>
 void ForIds(ffi::ThreadPool& pool, const Rows<I>& r, Body body) {
   jaxsparse_rows::ParallelRanges(
       pool, r.k, r.k * r.row_bytes >= kParallelMinBytes, [&r, &body](int64_t b, int64_t e) {
-        while (b > 0 && b < e && r.ids[b] == r.ids[b - 1]) ++b;
-        while (e < r.k && r.ids[e] == r.ids[e - 1]) ++e;
+        b = RunStart(r, b);
+        e = RunStart(r, e);
         if (b < e) body(b, e);
       });
 }
