@@ -80,7 +80,7 @@ def _native_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
     # gather and scatter keep it weakly typed (a kernel's result is not).
     return (
         _native.native_kernels_enabled()
-        and not jax.typeof(table).weak_type
+        and not getattr(getattr(table, "aval", None), "weak_type", False)
         and _native.supports_rows(table, ids, add=add)
     )
 
