@@ -408,3 +408,33 @@ def test_jax_export_of_a_training_step():
     for a, b in zip(jax.tree.leaves(exported.call(p, s, g)), jax.tree.leaves(native), strict=True):
         np.testing.assert_array_equal(a, b)
     assert float(native[0][3, 0]) == pytest.approx(-0.1, rel=1e-4)
+
+
+def test_gpu_lowering_has_no_cpu_kernels():
+    """Lowered for CUDA (no GPU needed: ``jax.export`` lowers for any platform),
+    a training step and a CSR product contain XLA ops only: the kernels' branch
+    of ``lax.platform_dependent`` is dropped, so a GPU never sees a CPU target."""
+    from jax import export
+
+    opt = jsr.optim.lazy_adam(0.1)
+    p = jnp.zeros((10, 2))
+    s = opt.init(p)
+    g = jsr.RowSparse([[1.0, 1.0]], [3], shape=(10, 2))
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), jsr.pull_rows(p, jnp.array([1, 3])).data, s
+
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    targets = (GATHER, SCATTER, _native.CSR_DENSE_TARGET, _native.CSR_T_DENSE_TARGET)
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    cases = [
+        (step, (p, s, g)),
+        (jsr.dot, (x, jnp.ones((5, 2)))),
+        (lambda a, b: jsr.dot(a, b, transpose_a=True), (x, jnp.ones((3, 2)))),
+    ]
+    for fn, args in cases:
+        on_cpu = export.export(jax.jit(fn), platforms=["cpu"], disabled_checks=checks)(*args)
+        assert any(t in on_cpu.mlir_module() for t in targets)
+        on_gpu = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
+        assert not any(t in on_gpu.mlir_module() for t in targets)
