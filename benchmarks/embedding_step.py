@@ -261,6 +261,43 @@ def contender(key: str, v: int, d: int, batches) -> h.Contender:
     return h.Contender(PATHS[key], setup, jax=key != "torch")
 
 
+LOOKUP_JSR = "jsr.take(table, ids)"
+
+
+def lookup_contenders(v: int, d: int, batches) -> list[h.Contender]:
+    """The forward lookup alone (inference): ids [B, 4] into the dense table,
+    giving [B, 4, D]. jsr runs its native row gather on CPU; jnp indexing is
+    XLA's gather; torch is ``F.embedding``. For orientation, no target."""
+    pool = [ids for ids, _ in batches]
+
+    def jax_setup(fn):
+        def setup():
+            table = init_params(v, d)["emb"]
+            f = jax.jit(fn)
+            ids = itertools.cycle([jnp.asarray(i) for i in pool])
+            h.block(table)
+            return lambda: f(table, next(ids))
+
+        return setup
+
+    def torch_lookup():
+        torch = h.require("torch")
+        weight = torch.randn(v, d) * 0.01
+        ids = itertools.cycle([torch.from_numpy(i.astype(np.int64)) for i in pool])
+
+        def call():
+            with torch.no_grad():
+                return torch.nn.functional.embedding(next(ids), weight)
+
+        return call
+
+    return [
+        h.Contender(LOOKUP_JSR, jax_setup(lambda t, i: jsr.take(t, i))),
+        h.Contender("jnp: table[ids] (XLA gather)", jax_setup(lambda t, i: t[i])),
+        h.Contender("torch F.embedding", torch_lookup, jax=False),
+    ]
+
+
 TARGETS = [
     h.Target("jsr step >= 30x faster than JAX dense", JSR, DENSE, 30),
     h.Target("jsr step >= 1.8x faster than torch sparse", JSR, TORCH, 1.8),
@@ -468,6 +505,11 @@ def main(argv=None) -> None:
     )
     print("\nCompilation (target 5: each step function compiles on its first call only):")
     rep.no_recompile(res, [JSR, DENSE, HAND])
+    del res
+    res = h.measure(lookup_contenders(v, d, batches), args.runs, budget_s=args.budget)
+    rep.table(
+        f"lookup only (inference): ids [{b}, {BAG}] into [{v} x {d}]", res, reference=LOOKUP_JSR
+    )
     del res
     if not args.no_memory:
         keys = [k.strip() for k in args.memory_paths.split(",") if k.strip() in PATHS]

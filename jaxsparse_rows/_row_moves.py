@@ -21,8 +21,8 @@ from . import _native
 from ._util import gather_rows as _gather_rows_xla_any
 
 
-def _gather_xla(table: jax.Array, ids: jax.Array) -> jax.Array:
-    return _gather_rows_xla_any(table, ids, indices_are_sorted=True)
+def _gather_xla(table: jax.Array, ids: jax.Array, ids_sorted: bool = True) -> jax.Array:
+    return _gather_rows_xla_any(table, ids, indices_are_sorted=ids_sorted)
 
 
 def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
@@ -31,18 +31,23 @@ def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
 
 
-@jax.custom_jvp
-def _gather_native(table, ids):
-    return jax.lax.platform_dependent(table, ids, cpu=_native.gather_rows_call, default=_gather_xla)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _gather_native(table, ids, ids_sorted=True):
+    return jax.lax.platform_dependent(
+        table,
+        ids,
+        cpu=_native.gather_rows_call,
+        default=functools.partial(_gather_xla, ids_sorted=ids_sorted),
+    )
 
 
-def _gather_native_jvp(primals, tangents):
+def _gather_native_jvp(ids_sorted, primals, tangents):
     table, ids = primals
     d_table, _ = tangents
-    out = _gather_native(table, ids)
+    out = _gather_native(table, ids, ids_sorted)
     if isinstance(d_table, SymbolicZero):
         return out, jnp.zeros_like(out)
-    return out, _gather_xla(d_table, ids)
+    return out, _gather_xla(d_table, ids, ids_sorted)
 
 
 _gather_native.defjvp(_gather_native_jvp, symbolic_zeros=True)
@@ -92,6 +97,19 @@ def gather_sorted_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     if _native_ok(table, ids):
         return _gather_native(table, ids)
     return _gather_xla(table, ids)
+
+
+def gather_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """``table[ids]`` along axis 0 for ids of any shape and order, shaped
+    ``[*ids.shape, *table.shape[1:]]``; ids outside ``[0, N)`` (negative ones
+    too) read zero rows."""
+    table = jnp.asarray(table)
+    flat = ids.reshape(-1)
+    if _native_ok(table, flat):
+        out = _gather_native(table, flat, False)
+    else:
+        out = _gather_xla(table, flat, False)
+    return out.reshape(tuple(ids.shape) + tuple(table.shape[1:]))
 
 
 def scatter_sorted_rows(

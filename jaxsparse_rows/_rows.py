@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
 from ._util import (
@@ -132,7 +133,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
         raise TypeError("`take` needs a RowSparse or dense `x`; use `x[a:b]` to slice CSR rows.")
     x = jnp.asarray(x)
     _check_id_range(ids, x.shape[0], "ids")
-    return gather_rows(x, ids)
+    return gather_any_rows(x, ids)
 
 
 def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
