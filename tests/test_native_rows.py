@@ -6,6 +6,8 @@ donation, with autodiff, vmap and malformed ids."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -468,3 +470,34 @@ def test_take_from_a_dense_table(rng):
     assert GATHER not in _hlo(jsr.take, table, ids)
     np.testing.assert_allclose(native, jax.grad(loss)(table), rtol=1e-6)
     _assert_same(jax.jit(jsr.take)(table, ids), want)
+
+
+def test_several_cpu_devices_keep_xla_ops_and_shardings():
+    """XLA cannot partition a custom call, so with several CPU devices the
+    kernels stay off: a table sharded by rows keeps its sharding through a
+    lazy step, with no all-gather (in a subprocess with 2 host devices)."""
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np, jaxsparse_rows as jsr
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+p = jax.device_put(jnp.zeros((1000, 8)), NamedSharding(mesh, P("x")))
+opt = jsr.optim.lazy_adam(0.1)
+g = jsr.RowSparse(jnp.ones((3, 8)), jnp.array([1, 600, 999]), shape=(1000, 8))
+def step(p, s, g):
+    u, s = opt.update(g, s, p)
+    return jsr.optim.apply_updates(p, u), s
+f = jax.jit(step, donate_argnums=(0, 1))
+s = opt.init(p)
+text = f.lower(p, s, g).compile().as_text()
+out, _ = f(p, s, g)
+print(jsr.native_kernels_status(), jsr.native_kernels_enabled(), "all-gather" in text)
+print(out.sharding.spec == P("x"), [round(float(x), 4) for x in np.asarray(out)[[1, 600, 999, 0], 0]])
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == "ok False False"
+    assert out[1] == "True [-0.1, -0.1, -0.1, 0.0]"

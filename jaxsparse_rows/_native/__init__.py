@@ -215,15 +215,28 @@ def native_kernels_available() -> bool:
 
 
 def native_kernels_enabled() -> bool:
-    """Whether ops traced from now on use the native CPU kernels (available and
-    not turned off by :func:`set_native_kernels` or ``JAXSPARSE_ROWS_NATIVE=0``).
+    """Whether ops traced from now on use the native CPU kernels: available, not
+    turned off by :func:`set_native_kernels` or ``JAXSPARSE_ROWS_NATIVE=0``, and
+    a single CPU device.
+
+    With several CPU devices (``--xla_force_host_platform_device_count``, or a
+    multi-process CPU run) an array may be sharded across them, and XLA cannot
+    partition a custom call: it would gather a sharded table onto every device.
+    The XLA ops, which it partitions, are used there instead.
 
     Example:
       >>> import jaxsparse_rows as jsr
       >>> jsr.native_kernels_enabled() <= jsr.native_kernels_available()
       True
     """
-    return _enabled and native_kernels_available()
+    return _enabled and native_kernels_available() and _single_cpu_device()
+
+
+def _single_cpu_device() -> bool:
+    try:
+        return len(jax.devices("cpu")) == 1
+    except RuntimeError:  # no CPU backend
+        return False
 
 
 def set_native_kernels(enabled: bool = True) -> None:
