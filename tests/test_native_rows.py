@@ -493,7 +493,8 @@ s = opt.init(p)
 text = f.lower(p, s, g).compile().as_text()
 out, _ = f(p, s, g)
 print(jsr.native_kernels_status(), jsr.native_kernels_enabled(), "all-gather" in text)
-print(out.sharding.spec == P("x"), [round(float(x), 4) for x in np.asarray(out)[[1, 600, 999, 0], 0]])
+vals = np.asarray(out)[[1, 600, 999, 0], 0]
+print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     out = subprocess.run(
