@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._row_moves import gather_sorted_rows, scatter_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import ROWSPARSE_INDEXING, coalesce_rows
+from ._util import coalesce_rows
 
 __all__ = [
     "SVRGState",
@@ -84,7 +85,7 @@ def _accumulate(acc: Any, grads: Any, weight: jax.Array) -> Any:
     def leaf(a, g):
         if _is_rsp(g):
             rows = (weight * g.data).astype(a.dtype)
-            return a.at[g.indices].add(rows, mode="drop", **ROWSPARSE_INDEXING)
+            return scatter_sorted_rows(a, g.indices, rows, add=True)
         return a + (weight * g).astype(a.dtype)
 
     return jax.tree.map(leaf, acc, grads, is_leaf=_is_rsp)
@@ -146,13 +147,13 @@ def _correct_leaf(gw: Any, gs: Any, mu: jax.Array, lazy: bool) -> Any:
         )
     dtype = gw.dtype
     if not lazy:
-        out = mu.astype(dtype).at[gw.indices].add(gw.data, mode="drop", **ROWSPARSE_INDEXING)
-        return out.at[gs.indices].add(-gs.data, mode="drop", **ROWSPARSE_INDEXING)
+        out = scatter_sorted_rows(mu.astype(dtype), gw.indices, gw.data, add=True)
+        return scatter_sorted_rows(out, gs.indices, -gs.data, add=True)
     n = gw.shape[0]
     ids = jnp.concatenate([gw.indices, gs.indices])
     data = jnp.concatenate([gw.data, -gs.data.astype(dtype)])
     idx, diff, _ = coalesce_rows(ids, data, n, gw.capacity + gs.capacity)
-    rows = mu.at[idx].get(mode="fill", fill_value=0).astype(dtype)
+    rows = gather_sorted_rows(mu, idx).astype(dtype)
     return RowSparse._make(diff + rows, idx, gw.shape)
 
 

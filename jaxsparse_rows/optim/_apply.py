@@ -7,7 +7,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._row_moves import scatter_sorted_rows
 from ._tree import check_like, gather_rows, is_rowsparse, scatter_rows
 
 
@@ -47,7 +46,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
         if is_rowsparse(u):
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:
-                return scatter_sorted_rows(p, u.indices, u.data, add=True)
+                return scatter_rows(p, u.indices, u.data, add=True)
             rows = gather_rows(p, u.indices).astype(dtype) + u.data.astype(dtype)
             return scatter_rows(p, u.indices, rows)
         return jnp.asarray(p + u).astype(p.dtype)

@@ -86,14 +86,10 @@ def check_dense_params(params: Any, name: str) -> None:
             )
 
 
-def gather_rows(x: jax.Array, indices: jax.Array) -> jax.Array:
-    """Rows of a dense ``x`` at sorted RowSparse ``indices`` (padding ids give zero rows)."""
-    return gather_sorted_rows(x, indices)
-
-
-def scatter_rows(x: jax.Array, indices: jax.Array, rows: jax.Array) -> jax.Array:
-    """``x`` with rows ``indices`` replaced by ``rows`` (padding ids dropped)."""
-    return scatter_sorted_rows(x, indices, rows)
+# Rows of a dense array at sorted RowSparse indices (padding ids read zero rows),
+# and writing them back (set, or add with ``add=True``; padding ids dropped).
+gather_rows = gather_sorted_rows
+scatter_rows = scatter_sorted_rows
 
 
 # Zeros the padding slots of update data so updates keep the RowSparse invariant.
