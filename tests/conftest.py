@@ -1,5 +1,6 @@
 """Shared test configuration: a strict numpy environment, hypothesis profiles,
-and the `jit_mode` fixture that runs a test eagerly and under `jax.jit`."""
+the `jit_mode` fixture that runs a test eagerly and under `jax.jit`, and the
+`kernels` fixture that runs a module with the native kernels on and off."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+from kernel_switch import kernels_set
+
+import jaxsparse_rows as jsr
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -40,3 +44,14 @@ def jit_mode(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module", params=["native", "xla"])
+def kernels(request):
+    """Runs the tests that use it twice: with the native CPU kernels (where they
+    were built) and with the pure-XLA implementation used elsewhere. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("kernels")``."""
+    if request.param == "native" and not jsr.native_kernels_available():
+        pytest.skip("native kernels not built here")
+    with kernels_set(request.param == "native"):
+        yield request.param

@@ -11,19 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import _native
 
-
-@pytest.fixture(autouse=True, scope="module", params=["native", "xla"])
-def kernels(request):
-    """Runs every test of this module twice: with the native CPU kernels (where
-    they were built) and with the pure-XLA implementation used elsewhere."""
-    previous = _native._enabled
-    if request.param == "native" and not jsr.native_kernels_available():
-        pytest.skip("native kernels not built here")
-    jsr.set_native_kernels(request.param == "native")
-    yield request.param
-    jsr.set_native_kernels(previous)
+# Every test runs with the native CPU kernels (where built) and with pure XLA.
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 def _random_csr(rng, m, k, density=0.3, pad=0, dtype=np.float32):

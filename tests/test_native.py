@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_switch import REQUIRED, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
@@ -26,14 +27,8 @@ from jaxsparse_rows._dot import (
     _csr_t_dense_xla,
 )
 
-REQUIRED = os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") == "1"
 TARGET = _native.CSR_DENSE_TARGET
 T_TARGET = _native.CSR_T_DENSE_TARGET
-
-needs_kernels = pytest.mark.skipif(
-    not REQUIRED and not _native.native_kernels_available(),
-    reason=f"native kernels not built here: {_native.native_kernels_status()}",
-)
 
 
 def test_kernels_built_where_required():

@@ -17,6 +17,7 @@ import optax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
@@ -29,24 +30,18 @@ from jaxsparse_rows._row_moves import (
     scatter_sorted_rows,
 )
 
-REQUIRED = os.environ.get("JAXSPARSE_ROWS_REQUIRE_NATIVE", "0") == "1"
 GATHER = _native.GATHER_ROWS_TARGET
 SCATTER = _native.SCATTER_ROWS_TARGET
 
-pytestmark = pytest.mark.skipif(
-    not REQUIRED and not _native.native_kernels_available(),
-    reason=f"native kernels not built here: {_native.native_kernels_status()}",
-)
+pytestmark = needs_kernels
 
 DTYPES = [np.float32, np.float64, np.float16, jnp.bfloat16, np.int32, np.bool_]
 
 
 @pytest.fixture(autouse=True)
 def kernels_on():
-    previous = _native._enabled
-    jsr.set_native_kernels(True)
-    yield
-    jsr.set_native_kernels(previous)
+    with kernels_set(True):
+        yield
 
 
 def _values(rng, shape, dtype):
@@ -385,21 +380,30 @@ def test_self_test_catches_wrong_row_kernels(monkeypatch):
     assert _native._self_test() == "the self-test row scatter-add differed from numpy"
 
 
+def _adam_step_case(pull=False):
+    """``(step, (params, state, grad))``: one lazy Adam step on a [10, 2] table,
+    also returning a ``pull_rows`` view's data with ``pull``."""
+    opt = jsr.optim.lazy_adam(0.1)
+    p = jnp.zeros((10, 2))
+    g = jsr.RowSparse([[1.0, 1.0]], [3], shape=(10, 2))
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        out = (jsr.optim.apply_updates(p, u),)
+        if pull:
+            out += (jsr.pull_rows(p, jnp.array([1, 3])).data,)
+        return out + (s,)
+
+    return step, (p, opt.init(p), g)
+
+
 def test_jax_export_of_a_training_step():
     """``jax.export`` refuses custom calls without compatibility guarantees: a
     CPU step exports with the kernels off, or with their checks disabled (then
     it runs only where jaxsparse_rows has registered them), as ops.md says."""
     from jax import export
 
-    opt = jsr.optim.lazy_adam(0.1)
-    p = jnp.zeros((10, 2))
-    s = opt.init(p)
-    g = jsr.RowSparse([[1.0, 1.0]], [3], shape=(10, 2))
-
-    def step(p, s, g):
-        u, s = opt.update(g, s, p)
-        return jsr.optim.apply_updates(p, u), s
-
+    step, (p, s, g) = _adam_step_case()
     with pytest.raises(ValueError, match="custom calls"):
         export.export(jax.jit(step))(p, s, g)
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in (GATHER, SCATTER)]
@@ -418,20 +422,12 @@ def test_gpu_lowering_has_no_cpu_kernels():
     of ``lax.platform_dependent`` is dropped, so a GPU never sees a CPU target."""
     from jax import export
 
-    opt = jsr.optim.lazy_adam(0.1)
-    p = jnp.zeros((10, 2))
-    s = opt.init(p)
-    g = jsr.RowSparse([[1.0, 1.0]], [3], shape=(10, 2))
-
-    def step(p, s, g):
-        u, s = opt.update(g, s, p)
-        return jsr.optim.apply_updates(p, u), jsr.pull_rows(p, jnp.array([1, 3])).data, s
-
+    step, args = _adam_step_case(pull=True)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
     targets = (GATHER, SCATTER, _native.CSR_DENSE_TARGET, _native.CSR_T_DENSE_TARGET)
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
     cases = [
-        (step, (p, s, g)),
+        (step, args),
         (jsr.dot, (x, jnp.ones((5, 2)))),
         (lambda a, b: jsr.dot(a, b, transpose_a=True), (x, jnp.ones((3, 2)))),
     ]

@@ -19,17 +19,9 @@ import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
 from jaxsparse_rows._util import index_dtype
 
-
-@pytest.fixture(autouse=True, scope="module", params=["native", "xla"])
-def kernels(request):
-    """Runs every test of this module with the native CPU row kernels (where they
-    were built) and with XLA's gathers and scatters."""
-    previous = _native._enabled
-    if request.param == "native" and not jsr.native_kernels_available():
-        pytest.skip("native kernels not built here")
-    jsr.set_native_kernels(request.param == "native")
-    yield request.param
-    jsr.set_native_kernels(previous)
+# Every test runs with the native CPU row kernels (where built) and with XLA's
+# gathers and scatters.
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 def _is_row_scatter(eqn) -> bool:
