@@ -13,10 +13,11 @@ from jax.custom_derivatives import SymbolicZero
 from . import _native
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids
+from ._ids import coalesce_rows, slots_in
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
-from ._util import coalesce_rows, gather_rows, index_dtype, slots_in
+from ._util import gather_rows, index_dtype
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:

@@ -33,16 +33,15 @@ from jax import lax
 
 from ._config import log_inference, warn_fallback
 from ._csr import CSR
+from ._ids import coalesce_rows, slots_in
 from ._row_moves import scatter_sorted_rows
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, is_sparse, stype
 from ._util import (
     broadcast_row_mask,
-    coalesce_rows,
     gather_rows,
     index_dtype,
     segments_of_sorted,
-    slots_in,
 )
 
 

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, csr_matrix
+from ._ids import coalesce_rows
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import as_data, coalesce_rows, is_concrete
+from ._util import as_data, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 

@@ -10,17 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._ids import slots_in, unique_rows
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import (
-    capacity_check,
-    check_static_int,
-    gather_rows,
-    is_concrete,
-    slots_in,
-    unique_rows,
-)
+from ._util import capacity_check, check_static_int, is_concrete
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
@@ -124,9 +118,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
     ids = _as_ids(ids)
     if isinstance(x, RowSparse):
         _check_id_range(ids, x.shape[0], "ids")
-        slots = lookup_slots(x, ids.reshape(-1))
-        out = gather_rows(x.data, slots)
-        return out.reshape(tuple(ids.shape) + x.shape[1:])
+        return gather_any_rows(x.data, lookup_slots(x, ids))
     from ._csr import CSR
 
     if isinstance(x, CSR):

@@ -1,5 +1,6 @@
 """Small helpers shared by the array types and the ops: index dtypes,
-concreteness tests, capacity checks and the sort-based row coalescing kernel."""
+concreteness tests, capacity checks and segment helpers (the id bookkeeping of
+unique ids, slots and row coalescing is in ``_ids``)."""
 
 from __future__ import annotations
 
@@ -95,71 +96,6 @@ def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     starts = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
     seg = jnp.cumsum(starts.astype(index_dtype())) - 1
     return seg, starts
-
-
-def unique_rows(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, jax.Array]:
-    """Sorted unique valid row ids, padded with ``n_rows`` to ``capacity`` slots.
-
-    One single-key sort, segment starts by adjacent difference, and a
-    compaction scatter. (On XLA:CPU ``jnp.unique`` and any sort that carries a
-    permutation along are several times slower than a plain sort.)
-
-    Args:
-      ids: 1-D integer ids; values outside ``[0, n_rows)`` are treated as padding.
-      n_rows: the row count ``N``; padding slots of the result carry ``N``.
-      capacity: the static number of slots of the result.
-
-    Returns:
-      ``(uniq, count)``: ``uniq[capacity]`` and the number of distinct valid
-      ids, which may exceed ``capacity`` (then the largest ids are left out; the
-      caller reports it).
-    """
-    idt = index_dtype()
-    ids = ids.astype(idt)
-    valid = (ids >= 0) & (ids < n_rows)
-    sorted_keys = jnp.sort(jnp.where(valid, ids, jnp.asarray(n_rows, idt)))
-    seg, starts = segments_of_sorted(sorted_keys)
-    sorted_valid = sorted_keys < n_rows
-    count = jnp.sum(starts & sorted_valid, dtype=idt)
-    seg = jnp.where(sorted_valid, seg, jnp.asarray(capacity, idt))
-    uniq = (
-        jnp.full((capacity,), n_rows, idt)
-        .at[seg]
-        .set(sorted_keys, mode="drop", indices_are_sorted=True)
-    )
-    return uniq, count
-
-
-def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
-    """Position of every id in a sorted, padded id list; ``len(sorted_ids)`` if absent.
-
-    A binary search (``searchsorted``'s default scan method: on CPU the
-    ``"sort"`` method is ~50x slower at 4096 ids).
-    """
-    k = sorted_ids.shape[0]
-    idt = index_dtype()
-    ids = ids.astype(idt)
-    if k == 0:
-        return jnp.zeros(ids.shape, idt)
-    pos = jnp.minimum(jnp.searchsorted(sorted_ids, ids).astype(idt), k - 1)
-    hit = (sorted_ids[pos] == ids) & (ids >= 0) & (ids < n_rows)
-    return jnp.where(hit, pos, jnp.asarray(k, idt))
-
-
-def coalesce_rows(
-    ids: jax.Array, data: jax.Array, n_rows: int, capacity: int
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Sorts rows by id, sums duplicates and pads to ``capacity``.
-
-    Returns ``(indices, data, count)`` where ``count`` is the number of distinct
-    valid ids, for the caller's overflow check. Rows whose id is out of
-    ``[0, n_rows)`` (padding) are dropped.
-    """
-    uniq, count = unique_rows(ids, n_rows, capacity)
-    slots = slots_in(uniq, ids, n_rows)
-    summed = jnp.zeros((capacity,) + tuple(data.shape[1:]), data.dtype)
-    summed = summed.at[slots].add(data, mode="drop")
-    return uniq, summed, count
 
 
 def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = False) -> jax.Array:

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._ids import coalesce_rows
 from ._row_moves import gather_sorted_rows, scatter_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import coalesce_rows
 
 __all__ = [
     "SVRGState",

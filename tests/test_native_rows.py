@@ -424,7 +424,7 @@ def test_gpu_lowering_has_no_cpu_kernels():
 
     step, args = _adam_step_case(pull=True)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
-    targets = (GATHER, SCATTER, _native.CSR_DENSE_TARGET, _native.CSR_T_DENSE_TARGET)
+    targets = _native.TARGETS
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
     cases = [
         (step, args),

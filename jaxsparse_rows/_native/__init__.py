@@ -12,11 +12,16 @@ the CSR products of ``jsr.dot`` run it on CPU:
   (column, row, value) entries and one pass per distinct column;
 - the row gathers and in-place row scatters of the lazy optimizers,
   ``apply_updates`` and ``pull_rows`` (``rows.cc``): prefetching copy / add
-  loops over the listed rows, split over the same pool.
+  loops over the listed rows, split over the same pool;
+- the id bookkeeping of ``pull_rows``, ``take``, lookup gradients and
+  coalescing (``ids.cc``, used by ``_ids.py``): the sorted unique ids of a
+  batch with every id's slot (one radix sort), and the slots of ids in a
+  sorted list (an interleaved branchless binary search).
 
 Other platforms (GPU, TPU), other dtypes, and installs without the library run
-the pure-XLA implementations in ``_dot.py``, which are the reference the
-kernels are tested against and which also supply their derivatives.
+the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_ids.py``),
+which are the reference the kernels are tested against and which also supply
+their derivatives.
 
 The environment variable ``JAXSPARSE_ROWS_NATIVE=0`` turns the kernels off at
 import; :func:`set_native_kernels` does so at run time.
@@ -41,6 +46,18 @@ CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
 CSR_T_DENSE_TARGET = "jaxsparse_rows_csr_t_dense"
 GATHER_ROWS_TARGET = "jaxsparse_rows_gather_rows"
 SCATTER_ROWS_TARGET = "jaxsparse_rows_scatter_rows"
+UNIQUE_IDS_TARGET = "jaxsparse_rows_unique_ids"
+SEARCH_IDS_TARGET = "jaxsparse_rows_search_ids"
+TARGETS = (
+    CSR_DENSE_TARGET,
+    CSR_T_DENSE_TARGET,
+    GATHER_ROWS_TARGET,
+    SCATTER_ROWS_TARGET,
+    UNIQUE_IDS_TARGET,
+    SEARCH_IDS_TARGET,
+)
+"""Every custom-call target name of the kernels (e.g. for ``jax.export``'s
+``DisabledSafetyCheck.custom_call``)."""
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -124,14 +141,36 @@ def _rows_cases(rng: np.random.Generator):
     return cases
 
 
+def _ids_case(rng: np.random.Generator):
+    """Ids with repeats, padding and out-of-range ids, big enough for the radix
+    sort, unique-d into a capacity that leaves the largest out; queries of a
+    sorted padded list. The expected (uniq, count, slots) and search slots."""
+    n_rows, cap = 500, 300
+    ids = rng.integers(-3, n_rows + 3, 1000).astype(np.int32)
+    valid = ids[(ids >= 0) & (ids < n_rows)]
+    present = np.unique(valid)
+    uniq = np.full(cap, n_rows, np.int32)
+    uniq[: min(cap, len(present))] = present[:cap]
+
+    def slots_of(sorted_ids, queries):
+        pos = np.searchsorted(sorted_ids, queries)
+        pos = np.minimum(pos, len(sorted_ids) - 1)
+        hit = (sorted_ids[pos] == queries) & (queries >= 0) & (queries < n_rows)
+        return np.where(hit, pos, len(sorted_ids)).astype(np.int32)
+
+    expected = (uniq, np.int32(len(present)), slots_of(uniq, ids))
+    return (ids, uniq), n_rows, cap, expected
+
+
 def _self_test() -> str:
     """Runs every kernel once, in one small program compiled once, against
     numpy; returns "ok" or which kernel went wrong."""
     rng = np.random.default_rng(0)
     (csr_args, t_args), k, expected, (present, t_expected) = _csr_case(rng)
     rows_cases = _rows_cases(rng)
+    (ids, uniq_in), n_rows, cap, ids_expected = _ids_case(rng)
 
-    def probe(csr_args, t_args, rows_args):
+    def probe(csr_args, t_args, rows_args, ids_args):
         return (
             csr_dense_call(*csr_args),
             csr_t_dense_call(*t_args, k),
@@ -143,10 +182,12 @@ def _self_test() -> str:
                 )
                 for t, i, r in rows_args
             ],
+            unique_ids_call(ids_args[0], n_rows, cap),
+            search_ids_call(ids_args[1], ids_args[0], n_rows),
         )
 
-    got, (idx, data), rows_got = _run_on_cpu(
-        probe, csr_args, t_args, [args for args, _ in rows_cases]
+    got, (idx, data), rows_got, unique_got, search_got = _run_on_cpu(
+        probe, csr_args, t_args, [args for args, _ in rows_cases], (ids, uniq_in)
     )
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         return "the self-test product differed from numpy"
@@ -162,6 +203,10 @@ def _self_test() -> str:
         for what, w, r in zip(("gather", "scatter", "scatter-add"), want, results, strict=True):
             if not np.array_equal(r, w):
                 return f"the self-test row {what} differed from numpy"
+    if not all(np.array_equal(g, w) for g, w in zip(unique_got, ids_expected, strict=True)):
+        return "the self-test unique ids differed from numpy"
+    if not np.array_equal(search_got, ids_expected[2]):
+        return "the self-test id search differed from numpy"
     return "ok"
 
 
@@ -177,6 +222,8 @@ def _load() -> str:
             (CSR_T_DENSE_TARGET, _library.jsr_csr_t_dense),
             (GATHER_ROWS_TARGET, _library.jsr_gather_rows),
             (SCATTER_ROWS_TARGET, _library.jsr_scatter_rows),
+            (UNIQUE_IDS_TARGET, _library.jsr_unique_ids),
+            (SEARCH_IDS_TARGET, _library.jsr_search_ids),
         ):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
         return _self_test()
@@ -367,6 +414,36 @@ def scatter_rows_call(table: Any, ids: Any, rows: Any, add: bool = False) -> jax
     return call(table, ids, rows, add=bool(add))
 
 
+def supports_ids(ids: Any) -> bool:
+    """Whether the id kernels take ``ids``: non-empty, 1-D, int32/int64."""
+    return np.dtype(ids.dtype) in _INDEX_DTYPES and ids.ndim == 1 and ids.shape[0] > 0
+
+
+def unique_ids_call(ids: Any, n_rows: int, capacity: int):
+    """The raw FFI call: ``(uniq, count, slots)`` of 1-D ``ids``, all of their
+    dtype. ``uniq[capacity]`` holds the sorted distinct ids in ``[0, n_rows)``
+    (the smallest ``capacity`` of them), padded with ``n_rows``; ``count`` how
+    many distinct valid ids there are; ``slots[i]`` the position of ``ids[i]``
+    in ``uniq``, or ``capacity`` where it is outside ``[0, n_rows)`` or left
+    out. CPU only; integer results, so nothing to differentiate."""
+    out = (
+        jax.ShapeDtypeStruct((capacity,), ids.dtype),
+        jax.ShapeDtypeStruct((), ids.dtype),
+        jax.ShapeDtypeStruct(ids.shape, ids.dtype),
+    )
+    call = jax.ffi.ffi_call(UNIQUE_IDS_TARGET, out, vmap_method="sequential")
+    return tuple(call(ids, n_rows=np.int64(n_rows)))
+
+
+def search_ids_call(sorted_ids: Any, queries: Any, n_rows: int) -> jax.Array:
+    """The raw FFI call: the position of each of the 1-D ``queries`` in the
+    ascending ``sorted_ids`` (same dtype), or ``len(sorted_ids)`` where absent
+    or outside ``[0, n_rows)``. CPU only."""
+    out = jax.ShapeDtypeStruct(queries.shape, queries.dtype)
+    call = jax.ffi.ffi_call(SEARCH_IDS_TARGET, out, vmap_method="sequential")
+    return call(sorted_ids, queries, n_rows=np.int64(n_rows))
+
+
 __all__ = [
     "native_kernels_available",
     "native_kernels_enabled",
@@ -378,5 +455,8 @@ __all__ = [
     "supports_rows",
     "gather_rows_call",
     "scatter_rows_call",
+    "supports_ids",
+    "unique_ids_call",
+    "search_ids_call",
     "library_path",
 ]

@@ -25,14 +25,13 @@
 
 #include "dispatch.h"
 #include "parallel.h"
+#include "radix.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kDigitBits = 11;
-constexpr int64_t kBuckets = int64_t{1} << kDigitBits;
 constexpr int64_t kPrefetchAhead = 8;        // entries ahead whose table row is prefetched
 constexpr int64_t kMaxPrefetchBytes = 1024;  // of each such row
 constexpr size_t kHugePageMin = size_t{4} << 20;
@@ -56,22 +55,9 @@ std::vector<Entry<T, I>> SortedEntries(const T* vals, const I* cols, const I* ro
   for (int64_t j = 0; j < nse; ++j) {
     if (cols[j] >= 0 && cols[j] < k) a.push_back({cols[j], rows[j], vals[j]});
   }
-  int bits = 0;
-  while (bits < 63 && (int64_t{1} << bits) < k) ++bits;
-  std::vector<Entry<T, I>> b(a.size());
-  std::vector<int64_t> start(kBuckets);
-  for (int shift = 0; shift < bits; shift += kDigitBits) {
-    std::fill(start.begin(), start.end(), 0);
-    for (const auto& e : a) ++start[(static_cast<int64_t>(e.col) >> shift) & (kBuckets - 1)];
-    int64_t sum = 0;
-    for (auto& c : start) {
-      const int64_t n = c;
-      c = sum;
-      sum += n;
-    }
-    for (const auto& e : a) b[start[(static_cast<int64_t>(e.col) >> shift) & (kBuckets - 1)]++] = e;
-    a.swap(b);
-  }
+  std::vector<Entry<T, I>> scratch;
+  jaxsparse_rows::RadixSort(a, scratch, jaxsparse_rows::KeyBits(k),
+                            [](const Entry<T, I>& e) { return e.col; });
   return a;
 }
 

@@ -1,0 +1,210 @@
+"""The native CPU kernels for the id bookkeeping of ``pull_rows``, ``take``,
+lookup gradients and coalescing: the sorted unique ids of a batch with every
+id's slot, and the slots of ids in a sorted list. Equal to a numpy oracle and
+to the XLA implementations in ``_ids.py``, eagerly, under jit and vmap, for
+int32 and int64 ids, with padding, ids out of range and a capacity that
+leaves ids out."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kernel_switch import kernels_set, needs_kernels
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import _ids, _native
+
+UNIQUE = _native.UNIQUE_IDS_TARGET
+SEARCH = _native.SEARCH_IDS_TARGET
+
+pytestmark = needs_kernels
+
+
+@pytest.fixture(autouse=True)
+def kernels_on():
+    with kernels_set(True):
+        yield
+
+
+def _hlo(fn, *args):
+    return jax.jit(fn).lower(*args).as_text()
+
+
+def _slots_oracle(sorted_ids, queries, n_rows):
+    sorted_ids, queries = np.asarray(sorted_ids), np.asarray(queries)
+    out = np.full(queries.shape, len(sorted_ids), np.int64)
+    where = {int(v): i for i, v in reversed(list(enumerate(sorted_ids)))}  # first position
+    for idx, q in np.ndenumerate(queries):
+        if 0 <= q < n_rows and int(q) in where:
+            out[idx] = where[int(q)]
+    return out
+
+
+def _unique_oracle(ids, n_rows, capacity):
+    ids = np.asarray(ids)
+    present = np.unique(ids[(ids >= 0) & (ids < n_rows)])
+    uniq = np.full(capacity, n_rows, np.int64)
+    uniq[: min(capacity, len(present))] = present[:capacity]
+    return uniq, len(present), _slots_oracle(uniq, ids, n_rows)
+
+
+def _draw_ids(rng, n, n_rows, distinct):
+    """``n`` ids drawn from ``distinct`` values in range plus a few outside it."""
+    pool = rng.integers(0, n_rows, max(distinct, 1))
+    ids = pool[rng.integers(0, len(pool), n)]
+    bad = rng.random(n) < 0.05
+    ids[bad] = rng.choice([-1, -7, n_rows, n_rows + 3], bad.sum())
+    return ids
+
+
+@given(
+    n=st.integers(1, 1500),
+    n_rows=st.one_of(st.integers(1, 3000), st.integers(2**20, 2**31 - 1)),
+    distinct=st.integers(1, 1500),
+    capacity=st.integers(1, 1600),
+    x64=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_unique_matches_oracle_and_xla(n, n_rows, distinct, capacity, x64, seed):
+    """``(uniq, count, slots)`` equal numpy's and the XLA path's, for the
+    comparison sort (under 256 valid ids) and the radix sort (1 to 3 passes),
+    int32 and int64 ids, a capacity below and above the distinct count."""
+    rng = np.random.default_rng(seed)
+    ids_np = _draw_ids(rng, n, n_rows, distinct)
+    with jax.enable_x64(x64):
+        if x64 and seed % 2:
+            n_rows += 2**40  # int64 ids beyond int32: four radix passes
+            ids_np = ids_np + 2**40 * (ids_np >= 0)
+        ids = jnp.asarray(ids_np)
+        want = _unique_oracle(ids_np, n_rows, capacity)
+
+        def fn(i):
+            return _ids.unique_with_slots(i, n_rows, capacity)
+
+        assert UNIQUE in _hlo(fn, ids)
+        xla = _ids._unique_with_slots_xla(ids.astype(_ids.index_dtype()), n_rows, capacity)
+        for got in (fn(ids), jax.jit(fn)(ids), xla):
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == _ids.index_dtype()
+                np.testing.assert_array_equal(g, w)
+        uniq, count = jax.jit(lambda i: _ids.unique_rows(i, n_rows, capacity))(ids)
+        np.testing.assert_array_equal(uniq, want[0])
+        assert int(count) == want[1]
+
+
+@given(
+    k=st.integers(1, 700),
+    n_rows=st.integers(1, 5000),
+    shape=st.sampled_from([(1,), (7,), (300,), (3, 5), (2, 0), (1200, 6)]),
+    seed=st.integers(0, 2**16),
+)
+def test_search_matches_oracle_and_xla(k, n_rows, shape, seed):
+    """Slots of queries of any shape (several thousand on the threaded path)
+    in a sorted list padded with ``n_rows``: found, absent, negative and past
+    the end."""
+    rng = np.random.default_rng(seed)
+    live = np.unique(rng.integers(0, n_rows, k))
+    sorted_np = np.concatenate([live, np.full(k - len(live), n_rows)]).astype(np.int32)
+    queries_np = _draw_ids(rng, int(np.prod(shape)), n_rows, k).reshape(shape).astype(np.int32)
+    sorted_ids, queries = jnp.asarray(sorted_np), jnp.asarray(queries_np)
+    want = _slots_oracle(sorted_np, queries_np, n_rows)
+
+    def fn(s, q):
+        return _ids.slots_in(s, q, n_rows)
+
+    if queries.size:
+        assert SEARCH in _hlo(fn, sorted_ids, queries)
+    for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
+        assert got.shape == shape
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_ids._slots_xla(sorted_ids, queries, n_rows), want)
+
+
+def test_empty_inputs_and_zero_capacity_stay_in_xla():
+    """No ids, a capacity of zero and an empty list run XLA, with the same
+    answers as the oracle."""
+    empty = jnp.zeros((0,), jnp.int32)
+    ids = jnp.array([3, 1, 3], jnp.int32)
+    assert UNIQUE not in _hlo(lambda i: _ids.unique_with_slots(i, 5, 4), empty)
+    uniq, count, slots = _ids.unique_with_slots(empty, 5, 4)
+    np.testing.assert_array_equal(uniq, [5, 5, 5, 5])
+    assert int(count) == 0 and slots.shape == (0,)
+    uniq, count, slots = jax.jit(lambda i: _ids.unique_with_slots(i, 5, 0))(ids)
+    assert uniq.shape == (0,) and int(count) == 2
+    np.testing.assert_array_equal(slots, [0, 0, 0])  # as the XLA path: nowhere to point
+    assert SEARCH not in _hlo(lambda s, q: _ids.slots_in(s, q, 5), empty, ids)
+    np.testing.assert_array_equal(_ids.slots_in(empty, ids, 5), [0, 0, 0])
+
+
+def test_malformed_sorted_list_is_memory_safe():
+    """An unsorted list (possible only under jit, where values are unchecked)
+    gives unspecified slots, but every slot is in ``[0, k]``; ids found are
+    still found where the binary search meets them."""
+    rng = np.random.default_rng(3)
+    sorted_ids = jnp.asarray(rng.integers(-50, 2**31 - 1, 999).astype(np.int32))
+    queries = jnp.asarray(rng.integers(-(2**31), 2**31 - 1, 5000).astype(np.int32))
+    slots = np.asarray(jax.jit(lambda s, q: _ids.slots_in(s, q, 2**31 - 1))(sorted_ids, queries))
+    assert slots.min() >= 0 and slots.max() <= 999
+    hit = slots < 999
+    np.testing.assert_array_equal(np.asarray(sorted_ids)[slots[hit]], np.asarray(queries)[hit])
+
+
+def test_vmap_matches_the_xla_path():
+    ids = jnp.array([[4, 1, 4, 9], [0, 0, 2, -1], [7, 7, 7, 7]], jnp.int32)
+    native = jax.jit(jax.vmap(lambda i: _ids.unique_with_slots(i, 8, 3)))(ids)
+    xla = jax.vmap(lambda i: _ids._unique_with_slots_xla(i, 8, 3))(ids)
+    for a, b in zip(native, xla, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(
+        jax.vmap(lambda u, i: _ids.slots_in(u, i, 8))(native[0], ids),
+        jax.vmap(lambda u, i: _ids._slots_xla(u, i, 8))(native[0], ids),
+    )
+
+
+def test_embedding_step_uses_the_kernels_and_matches_xla(rng):
+    """``pull_rows`` + ``take`` + ``value_and_grad`` + lazy Adam: the id kernels
+    replace every sort and binary search of the step, and the step equals the
+    XLA path's; its gradient with respect to the pulled rows is exact."""
+    v, d = 50, 3
+    table = jnp.asarray(rng.standard_normal((v, d)).astype(np.float32))
+    ids = jnp.asarray(rng.integers(0, v, (16, 4)).astype(np.int32))
+    opt = jsr.optim.lazy_adam(0.1)
+
+    def loss(view, ids):
+        return jnp.sum(jnp.sin(jsr.take(view, ids).sum(axis=1)))
+
+    def step(table, state, ids):
+        view = jsr.pull_rows(table, ids)
+        g = jsr.grad(loss)(view, ids)
+        u, state = opt.update(g, state, table)
+        return jsr.optim.apply_updates(table, u), state, g
+
+    hlo = jax.jit(step).lower(table, opt.init(table), ids).compile().as_text()
+    assert UNIQUE in hlo and SEARCH in hlo
+    assert " sort(" not in hlo and "while(" not in hlo
+    native = jax.jit(step)(table, opt.init(table), ids)
+    with kernels_set(False):
+        xla = jax.jit(step)(table, opt.init(table), ids)
+    for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    dense = jax.grad(lambda t: loss(t, ids))(table)  # take on a dense table
+    g = native[2]
+    np.testing.assert_allclose(g.todense(), dense, rtol=1e-6, atol=1e-6)
+
+
+def test_self_test_catches_wrong_id_kernels(monkeypatch):
+    real_u, real_s = _native.unique_ids_call, _native.search_ids_call
+
+    def miscounted(ids, n_rows, capacity):
+        uniq, count, slots = real_u(ids, n_rows, capacity)
+        return uniq, count + 1, slots
+
+    monkeypatch.setattr(_native, "unique_ids_call", miscounted)
+    assert _native._self_test() == "the self-test unique ids differed from numpy"
+    monkeypatch.setattr(_native, "unique_ids_call", real_u)
+    monkeypatch.setattr(_native, "search_ids_call", lambda s, q, n: real_s(s, q, n)[::-1])
+    assert _native._self_test() == "the self-test id search differed from numpy"
