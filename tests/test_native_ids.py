@@ -52,6 +52,14 @@ def _unique_oracle(ids, n_rows, capacity):
     return uniq, len(present), _slots_oracle(uniq, ids, n_rows)
 
 
+def _spread(a):
+    """Maps ids ``>= 0`` increasingly onto int64 values with many different high
+    bits (``i * 2^28 + i``); negative ids stay. Order, equality and the range
+    ``[0, N)`` (mapped with N) are kept, so the answers map one to one."""
+    a = np.asarray(a, np.int64)
+    return np.where(a >= 0, a * 2**28 + a, a)
+
+
 def _draw_ids(rng, n, n_rows, distinct):
     """``n`` ids drawn from ``distinct`` values in range plus a few outside it."""
     pool = rng.integers(0, n_rows, max(distinct, 1))
@@ -71,14 +79,13 @@ def _draw_ids(rng, n, n_rows, distinct):
 )
 def test_unique_matches_oracle_and_xla(n, n_rows, distinct, capacity, x64, seed):
     """``(uniq, count, slots)`` equal numpy's and the XLA path's, for the
-    comparison sort (under 256 valid ids) and the radix sort (1 to 3 passes),
+    comparison sort (under 256 valid ids) and the radix sort (1 to 6 passes),
     int32 and int64 ids, a capacity below and above the distinct count."""
     rng = np.random.default_rng(seed)
     ids_np = _draw_ids(rng, n, n_rows, distinct)
     with jax.enable_x64(x64):
-        if x64 and seed % 2:
-            n_rows += 2**40  # int64 ids beyond int32: four radix passes
-            ids_np = ids_np + 2**40 * (ids_np >= 0)
+        if x64 and seed % 2:  # int64 ids beyond int32: up to six radix passes
+            ids_np, n_rows = _spread(ids_np), int(_spread(n_rows))
         ids = jnp.asarray(ids_np)
         want = _unique_oracle(ids_np, n_rows, capacity)
 
@@ -100,28 +107,73 @@ def test_unique_matches_oracle_and_xla(n, n_rows, distinct, capacity, x64, seed)
     k=st.integers(1, 700),
     n_rows=st.integers(1, 5000),
     shape=st.sampled_from([(1,), (7,), (300,), (3, 5), (2, 0), (1200, 6)]),
+    big=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_search_matches_oracle_and_xla(k, n_rows, shape, seed):
+def test_search_matches_oracle_and_xla(k, n_rows, shape, big, seed):
     """Slots of queries of any shape (several thousand on the threaded path)
     in a sorted list padded with ``n_rows``: found, absent, negative and past
-    the end."""
+    the end; with ``big``, int64 ids beyond 2^31 (x64)."""
     rng = np.random.default_rng(seed)
     live = np.unique(rng.integers(0, n_rows, k))
-    sorted_np = np.concatenate([live, np.full(k - len(live), n_rows)]).astype(np.int32)
-    queries_np = _draw_ids(rng, int(np.prod(shape)), n_rows, k).reshape(shape).astype(np.int32)
-    sorted_ids, queries = jnp.asarray(sorted_np), jnp.asarray(queries_np)
-    want = _slots_oracle(sorted_np, queries_np, n_rows)
+    sorted_np = np.concatenate([live, np.full(k - len(live), n_rows)])
+    queries_np = _draw_ids(rng, int(np.prod(shape)), n_rows, k).reshape(shape)
+    if big:  # every id >= 0 moves past int32, padding included
+        sorted_np, queries_np = _spread(sorted_np), _spread(queries_np)
+        n_rows = int(_spread(n_rows))
+    _check_search(sorted_np, queries_np, n_rows, x64=big)
 
-    def fn(s, q):
-        return _ids.slots_in(s, q, n_rows)
 
-    if queries.size:
-        assert SEARCH in _hlo(fn, sorted_ids, queries)
-    for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
-        assert got.shape == shape
-        np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(_ids._slots_xla(sorted_ids, queries, n_rows), want)
+def _check_search(sorted_np, queries_np, n_rows, x64):
+    with jax.enable_x64(x64):
+        idt = np.int64 if x64 else np.int32
+        sorted_ids, queries = (
+            jnp.asarray(sorted_np.astype(idt)),
+            jnp.asarray(queries_np.astype(idt)),
+        )
+        want = _slots_oracle(sorted_np, queries_np, n_rows)
+
+        def fn(s, q):
+            return _ids.slots_in(s, q, n_rows)
+
+        if queries.size:
+            assert SEARCH in _hlo(fn, sorted_ids, queries)
+        for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
+            assert got.shape == queries_np.shape and got.dtype == idt
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(_ids._slots_xla(sorted_ids, queries, n_rows), want)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_threaded_search_with_partial_groups(rng, x64):
+    """4096 sorted ids and 10,001 queries: the search is split over threads, and
+    the ranges end in groups of fewer than eight queries."""
+    n_rows = 100_000
+    live = np.sort(rng.choice(n_rows, 4000, replace=False))
+    sorted_np = np.concatenate([live, np.full(96, n_rows)])
+    queries_np = rng.integers(-3, n_rows + 3, 10_001)
+    queries_np[::3] = live[rng.integers(0, len(live), len(queries_np[::3]))]
+    if x64:
+        sorted_np, queries_np = _spread(sorted_np), _spread(queries_np)
+        n_rows = int(_spread(n_rows))
+    _check_search(sorted_np, queries_np, n_rows, x64)
+
+
+def test_take_on_a_rowsparse_view_stays_linear_transposable(rng):
+    """``take`` on a RowSparse reads its small ``[K, D]`` data with XLA's gather
+    (only the slot search is a kernel), so ``jax.linear_transpose`` works."""
+    table = jnp.asarray(rng.standard_normal((30, 2)).astype(np.float32))
+    ids = jnp.array([[3, 7], [7, 29]], jnp.int32)
+    view = jsr.pull_rows(table, ids)
+
+    def f(data):
+        return jsr.take(jsr.RowSparse._make(data, view.indices, view.shape), ids)
+
+    ct = jnp.ones((2, 2, 2), jnp.float32)
+    (got,) = jax.linear_transpose(f, view.data)(ct)
+    want = jax.vjp(f, view.data)[1](ct)[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[: len(np.unique(ids))].sum(axis=1), [2.0, 4.0, 2.0])
 
 
 def test_empty_inputs_and_zero_capacity_stay_in_xla():

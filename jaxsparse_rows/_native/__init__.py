@@ -425,7 +425,9 @@ def unique_ids_call(ids: Any, n_rows: int, capacity: int):
     (the smallest ``capacity`` of them), padded with ``n_rows``; ``count`` how
     many distinct valid ids there are; ``slots[i]`` the position of ``ids[i]``
     in ``uniq``, or ``capacity`` where it is outside ``[0, n_rows)`` or left
-    out. CPU only; integer results, so nothing to differentiate."""
+    out. CPU only; integer results, so nothing to differentiate. The target
+    exists once :func:`native_kernels_status` has loaded the library (callers
+    check :func:`native_kernels_enabled` first)."""
     out = (
         jax.ShapeDtypeStruct((capacity,), ids.dtype),
         jax.ShapeDtypeStruct((), ids.dtype),
@@ -438,7 +440,8 @@ def unique_ids_call(ids: Any, n_rows: int, capacity: int):
 def search_ids_call(sorted_ids: Any, queries: Any, n_rows: int) -> jax.Array:
     """The raw FFI call: the position of each of the 1-D ``queries`` in the
     ascending ``sorted_ids`` (same dtype), or ``len(sorted_ids)`` where absent
-    or outside ``[0, n_rows)``. CPU only."""
+    or outside ``[0, n_rows)``. CPU only; needs the library loaded, as
+    :func:`unique_ids_call`."""
     out = jax.ShapeDtypeStruct(queries.shape, queries.dtype)
     call = jax.ffi.ffi_call(SEARCH_IDS_TARGET, out, vmap_method="sequential")
     return call(sorted_ids, queries, n_rows=np.int64(n_rows))

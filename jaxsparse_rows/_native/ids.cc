@@ -1,6 +1,6 @@
 // Native CPU kernels for the id bookkeeping of row-sparse ops, registered with
 // XLA through the typed FFI; see jaxsparse_rows/_native/__init__.py. The XLA
-// implementations in jaxsparse_rows/_util.py (`unique_rows`, `slots_in`) stay
+// implementations in jaxsparse_rows/_ids.py (`_unique_xla`, `_slots_xla`) stay
 // the reference, the GPU path and the fallback.
 //
 //   unique: uniq[capacity] = the sorted distinct ids in [0, N), padded with N
@@ -92,6 +92,9 @@ ffi::Error SearchT(ffi::ThreadPool& pool, ffi::AnyBuffer sorted_b, ffi::AnyBuffe
   const int64_t m = static_cast<int64_t>(queries_b.element_count());
   if (static_cast<int64_t>(slots_b->element_count()) != m) {
     return ffi::Error::InvalidArgument("search: slots must match the queries");
+  }
+  if (k > std::numeric_limits<I>::max()) {
+    return ffi::Error::InvalidArgument("search: the sorted list is too long for the id dtype");
   }
   const I* s = sorted_b.typed_data<I>();
   const I* q = queries_b.typed_data<I>();
