@@ -15,15 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse_rows import _native
+import jaxsparse_rows as jsr
+from jaxsparse_rows import _ids, _native
+from jaxsparse_rows._row_moves import gather_rows, scatter_sorted_rows
 
-_native.library_path = lambda: Path(sys.argv[1])
-
-import jaxsparse_rows as jsr  # noqa: E402
-from jaxsparse_rows import _ids  # noqa: E402
-from jaxsparse_rows._row_moves import gather_rows, scatter_sorted_rows  # noqa: E402
-
-assert jsr.native_kernels_status() == "ok", jsr.native_kernels_status()
 rng = np.random.default_rng(0)
 
 
@@ -78,9 +73,18 @@ def csr_kernels() -> None:
             jax.block_until_ready(fn(x, lhs_t))
 
 
-for x64 in (False, True):
-    with jax.enable_x64(x64):
-        ids_kernels(x64)
-row_kernels()
-csr_kernels()
-print("asan probe ok")
+def main(library: str) -> None:
+    # Before anything loads the kernels: load the sanitized build instead.
+    assert _native._status is None, "the kernels were loaded before the probe"
+    _native.library_path = lambda: Path(library)
+    assert jsr.native_kernels_status() == "ok", jsr.native_kernels_status()
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            ids_kernels(x64)
+    row_kernels()
+    csr_kernels()
+    print("asan probe ok")
+
+
+if __name__ == "__main__":  # only as a script: pytest's doctest collection imports it
+    main(sys.argv[1])
