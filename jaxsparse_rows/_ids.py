@@ -60,6 +60,15 @@ def _native_ok(*ids: jax.Array) -> bool:
     return _native.native_kernels_enabled() and all(_native.supports_ids(i) for i in ids)
 
 
+def _unique_native(ids: jax.Array, n_rows: int, capacity: int):
+    """``(uniq, count, slots)``: the kernel on CPU, the XLA path elsewhere."""
+    return lax.platform_dependent(
+        ids,
+        cpu=functools.partial(_native.unique_ids_call, n_rows=n_rows, capacity=capacity),
+        default=functools.partial(_unique_with_slots_xla, n_rows=n_rows, capacity=capacity),
+    )
+
+
 def unique_with_slots(
     ids: jax.Array, n_rows: int, capacity: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -74,13 +83,9 @@ def unique_with_slots(
     ids = ids.astype(idt)
     if capacity == 0:
         return jnp.zeros((0,), idt), _unique_xla(ids, n_rows, 0)[1], jnp.zeros(ids.shape, idt)
-    if not _native_ok(ids):
-        return _unique_with_slots_xla(ids, n_rows, capacity)
-    return lax.platform_dependent(
-        ids,
-        cpu=functools.partial(_native.unique_ids_call, n_rows=n_rows, capacity=capacity),
-        default=functools.partial(_unique_with_slots_xla, n_rows=n_rows, capacity=capacity),
-    )
+    if _native_ok(ids):
+        return _unique_native(ids, n_rows, capacity)
+    return _unique_with_slots_xla(ids, n_rows, capacity)
 
 
 def unique_rows(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, jax.Array]:
@@ -99,7 +104,7 @@ def unique_rows(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, 
     idt = index_dtype()
     ids = ids.astype(idt)
     if capacity > 0 and _native_ok(ids):
-        uniq, count, _ = unique_with_slots(ids, n_rows, capacity)
+        uniq, count, _ = _unique_native(ids, n_rows, capacity)
         return uniq, count
     return _unique_xla(ids, n_rows, capacity)
 
