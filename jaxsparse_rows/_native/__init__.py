@@ -48,14 +48,15 @@ GATHER_ROWS_TARGET = "jaxsparse_rows_gather_rows"
 SCATTER_ROWS_TARGET = "jaxsparse_rows_scatter_rows"
 UNIQUE_IDS_TARGET = "jaxsparse_rows_unique_ids"
 SEARCH_IDS_TARGET = "jaxsparse_rows_search_ids"
-TARGETS = (
-    CSR_DENSE_TARGET,
-    CSR_T_DENSE_TARGET,
-    GATHER_ROWS_TARGET,
-    SCATTER_ROWS_TARGET,
-    UNIQUE_IDS_TARGET,
-    SEARCH_IDS_TARGET,
-)
+_SYMBOLS = {  # custom-call target -> the library's handler symbol
+    CSR_DENSE_TARGET: "jsr_csr_dense",
+    CSR_T_DENSE_TARGET: "jsr_csr_t_dense",
+    GATHER_ROWS_TARGET: "jsr_gather_rows",
+    SCATTER_ROWS_TARGET: "jsr_scatter_rows",
+    UNIQUE_IDS_TARGET: "jsr_unique_ids",
+    SEARCH_IDS_TARGET: "jsr_search_ids",
+}
+TARGETS = tuple(_SYMBOLS)
 """Every custom-call target name of the kernels (e.g. for ``jax.export``'s
 ``DisabledSafetyCheck.custom_call``)."""
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -217,15 +218,9 @@ def _load() -> str:
         return "the _kernels library was not built (it needs a C++17 compiler at install time)"
     try:
         _library = ctypes.cdll.LoadLibrary(str(path))
-        for target, symbol in (
-            (CSR_DENSE_TARGET, _library.jsr_csr_dense),
-            (CSR_T_DENSE_TARGET, _library.jsr_csr_t_dense),
-            (GATHER_ROWS_TARGET, _library.jsr_gather_rows),
-            (SCATTER_ROWS_TARGET, _library.jsr_scatter_rows),
-            (UNIQUE_IDS_TARGET, _library.jsr_unique_ids),
-            (SEARCH_IDS_TARGET, _library.jsr_search_ids),
-        ):
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
+        for target, symbol in _SYMBOLS.items():
+            handler = jax.ffi.pycapsule(getattr(_library, symbol))
+            jax.ffi.register_ffi_target(target, handler, platform="cpu")
         return _self_test()
     except Exception as err:  # any failure means: use the XLA path
         return f"{type(err).__name__}: {err}"
