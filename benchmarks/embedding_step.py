@@ -65,7 +65,7 @@ PATHS = {"jsr": JSR, "dense": DENSE, "torch": TORCH, "hand": HAND}
 # per-function compiler option that compiles with far less memory.
 LEAN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 JSR_LEAN = "jsr, compiler_options loop emitters"
-MEMORY_PATHS = {**PATHS, "jsr_lean": JSR_LEAN}
+ALL_PATHS = {**PATHS, "jsr_lean": JSR_LEAN}
 
 
 def make_batches(v: int, b: int, seed: int = 0):
@@ -272,7 +272,7 @@ def contender(key: str, v: int, d: int, batches) -> h.Contender:
         f, state = out
         return cycling(f, state, batches)
 
-    return h.Contender(MEMORY_PATHS[key], setup, jax=key != "torch")
+    return h.Contender(ALL_PATHS[key], setup, jax=key != "torch")
 
 
 LOOKUP_JSR = "jsr.take(table, ids)"
@@ -456,12 +456,12 @@ def run_memory(rep: h.Report, v: int, d: int, b: int, steps: int, keys, without)
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {key} failed:\n{proc.stderr[-3000:]}")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
-        table[MEMORY_PATHS[key]] = out
+        table[ALL_PATHS[key]] = out
         if "skipped" in out:
-            print(f"| {MEMORY_PATHS[key]:<40} | skipped: {out['skipped']}")
+            print(f"| {ALL_PATHS[key]:<40} | skipped: {out['skipped']}")
             continue
         print(
-            f"| {MEMORY_PATHS[key]:<40} | {out['peak_mb']:>13.0f} | {out['steady_mb']:>9.0f} "
+            f"| {ALL_PATHS[key]:<40} | {out['peak_mb']:>13.0f} | {out['steady_mb']:>9.0f} "
             f"| {out['setup_peak_mb']:>10.0f} "
             f"| {out['ru_maxrss_mb']:>12.0f} | {out['after_imports_mb']:>13.0f} "
             f"| {out['peak_mb'] / budget:>8.2f} |"
@@ -496,7 +496,7 @@ def main(argv=None) -> None:
         help="comma-separated paths measured for memory (default all: jsr,jsr_lean,dense,"
         "torch,hand; jsr_lean is jsr's step with XLA:CPU's loop emitters)",
     )
-    p.add_argument("--memory-child", choices=sorted(MEMORY_PATHS), help=h.argparse.SUPPRESS)
+    p.add_argument("--memory-child", choices=sorted(ALL_PATHS), help=h.argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
         h._WITHOUT.update(args.without)
@@ -512,7 +512,7 @@ def main(argv=None) -> None:
     rep = h.Report("embedding_step", args, {"V": v, "D": d, "B": b, "bag": BAG, "lr": LR})
     batches = make_batches(v, b)
     res = h.measure(
-        [contender(k, v, d, batches) for k in MEMORY_PATHS], args.runs, budget_s=args.budget
+        [contender(k, v, d, batches) for k in ALL_PATHS], args.runs, budget_s=args.budget
     )
     rep.table(
         f"step: ids [{b}, {BAG}] into [{v} x {d}], sum-pool, linear, MSE, Adam",
@@ -529,7 +529,7 @@ def main(argv=None) -> None:
     )
     del res
     if not args.no_memory:
-        keys = [k.strip() for k in args.memory_paths.split(",") if k.strip() in MEMORY_PATHS]
+        keys = [k.strip() for k in args.memory_paths.split(",") if k.strip() in ALL_PATHS]
         run_memory(rep, v, d, b, args.steps, keys, args.without)
 
     if args.sweep:
