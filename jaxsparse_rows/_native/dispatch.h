@@ -29,6 +29,21 @@ xla::ffi::Error ForDtypes(xla::ffi::DataType values, xla::ffi::DataType ids, Ker
       "supported dtypes: float32/float64 values, int32/int64 ids");
 }
 
+// Calls kernel(I{}) with I the index type (int32/int64) named by `ids`, and
+// returns its error, with the same allocation-failure handling as ForDtypes.
+template <typename Kernel>
+xla::ffi::Error ForIdType(xla::ffi::DataType ids, Kernel kernel) {
+  using xla::ffi::DataType;
+  try {
+    if (ids == DataType::S32) return kernel(int32_t{});
+    if (ids == DataType::S64) return kernel(int64_t{});
+  } catch (const std::bad_alloc&) {
+    return xla::ffi::Error(xla::ffi::ErrorCode::kResourceExhausted,
+                           "out of memory in a jaxsparse_rows native kernel");
+  }
+  return xla::ffi::Error::InvalidArgument("ids must be int32 or int64");
+}
+
 }  // namespace jaxsparse_rows
 
 #endif  // JAXSPARSE_ROWS_NATIVE_DISPATCH_H_

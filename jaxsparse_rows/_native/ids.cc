@@ -20,9 +20,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <new>
 #include <vector>
 
+#include "dispatch.h"
 #include "parallel.h"
 #include "radix.h"
 #include "xla/ffi/api/ffi.h"
@@ -127,18 +127,6 @@ ffi::Error SearchT(ffi::ThreadPool& pool, ffi::AnyBuffer sorted_b, ffi::AnyBuffe
   return ffi::Error::Success();
 }
 
-template <typename Kernel>
-ffi::Error ForIdType(ffi::DataType type, Kernel kernel) {
-  try {
-    if (type == ffi::DataType::S32) return kernel(int32_t{});
-    if (type == ffi::DataType::S64) return kernel(int64_t{});
-  } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "out of memory in a jaxsparse_rows native kernel");
-  }
-  return ffi::Error::InvalidArgument("ids must be int32 or int64");
-}
-
 ffi::Error Unique(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> uniq,
                   ffi::Result<ffi::AnyBuffer> count, ffi::Result<ffi::AnyBuffer> slots,
                   int64_t n_rows) {
@@ -146,7 +134,7 @@ ffi::Error Unique(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> uniq,
   if (uniq->element_type() != t || count->element_type() != t || slots->element_type() != t) {
     return ffi::Error::InvalidArgument("unique: ids and results must share one dtype");
   }
-  return ForIdType(t, [&](auto i) {
+  return jaxsparse_rows::ForIdType(t, [&](auto i) {
     return UniqueT<decltype(i)>(ids, n_rows, uniq, count, slots);
   });
 }
@@ -157,7 +145,7 @@ ffi::Error Search(ffi::ThreadPool pool, ffi::AnyBuffer sorted, ffi::AnyBuffer qu
   if (queries.element_type() != t || slots->element_type() != t) {
     return ffi::Error::InvalidArgument("search: ids, queries and slots must share one dtype");
   }
-  return ForIdType(t, [&](auto i) {
+  return jaxsparse_rows::ForIdType(t, [&](auto i) {
     return SearchT<decltype(i)>(pool, sorted, queries, n_rows, slots);
   });
 }

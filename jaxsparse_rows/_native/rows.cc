@@ -169,8 +169,9 @@ ffi::Error CheckOperands(ffi::AnyBuffer table, ffi::AnyBuffer ids, ffi::DataType
 ffi::Error Gather(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
                   ffi::Result<ffi::AnyBuffer> out) {
   if (auto err = CheckOperands(table, ids, out->element_type()); err.failure()) return err;
-  if (ids.element_type() == ffi::DataType::S32) return GatherT<int32_t>(pool, table, ids, out);
-  return GatherT<int64_t>(pool, table, ids, out);
+  return jaxsparse_rows::ForIdType(ids.element_type(), [&](auto i) {
+    return GatherT<decltype(i)>(pool, table, ids, out);
+  });
 }
 
 ffi::Error Scatter(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
@@ -179,10 +180,9 @@ ffi::Error Scatter(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer id
   if (rows.element_type() != table.element_type()) {
     return ffi::Error::InvalidArgument("table and rows dtypes differ");
   }
-  if (ids.element_type() == ffi::DataType::S32) {
-    return ScatterT<int32_t>(pool, table, ids, rows, out, add);
-  }
-  return ScatterT<int64_t>(pool, table, ids, rows, out, add);
+  return jaxsparse_rows::ForIdType(ids.element_type(), [&](auto i) {
+    return ScatterT<decltype(i)>(pool, table, ids, rows, out, add);
+  });
 }
 
 }  // namespace
