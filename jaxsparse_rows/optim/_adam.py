@@ -80,8 +80,7 @@ def scale_by_lazy_adam(
     def update_fn(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count)
-        c1 = 1 - b1**count
-        c2 = 1 - b2**count
+        c1, c2 = 1 - jnp.array([b1, b2]) ** count  # one fusion for both corrections
 
         def rule(g, states, _):
             mu, nu = states
