@@ -1,12 +1,13 @@
 """Gathering the listed rows of a dense table and writing them back.
 
-Every lazy optimizer step, ``optim.apply_updates`` and ``pull_rows`` reduce to
-``table[ids]`` and ``table.at[ids].set / add(rows)`` at the sorted ids of a
-RowSparse (padding ids ``N`` included). On CPU, where the native kernels are
-available, these run ``_native``'s prefetching row kernels (the scatter updates
-the table in place when it is donated); elsewhere, and for dtypes the kernels do
-not take, they are the XLA ops below, which the kernels are tested against and
-which supply the derivatives.
+Every lazy optimizer step, ``optim.apply_updates``, ``pull_rows`` and ``take``
+reduce to ``table[ids]`` and ``table.at[ids].set / add(rows)``. The gathers
+are the linear primitive of ``_gather_prim`` (native on CPU, XLA elsewhere,
+transposing to a sum of rows). The scatters, at the sorted unique ids of a
+RowSparse (padding ids ``N`` included), run ``_native``'s prefetching row
+kernel on CPU where it is available (updating a donated table in place);
+elsewhere, and for dtypes the kernels do not take, they are the XLA ops
+below, which the kernels are tested against and which supply the derivatives.
 """
 
 from __future__ import annotations
@@ -18,39 +19,13 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import _native
-from ._util import gather_rows as _gather_rows_xla_any
-
-
-def _gather_xla(table: jax.Array, ids: jax.Array, ids_sorted: bool = True) -> jax.Array:
-    return _gather_rows_xla_any(table, ids, indices_are_sorted=ids_sorted)
+from ._gather_prim import gather
 
 
 def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
     ref = jnp.asarray(table).at[ids]
     kw = dict(indices_are_sorted=True, unique_indices=True, wrap_negative_indices=False)
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _gather_native(table, ids, ids_sorted=True):
-    return jax.lax.platform_dependent(
-        table,
-        ids,
-        cpu=_native.gather_rows_call,
-        default=functools.partial(_gather_xla, ids_sorted=ids_sorted),
-    )
-
-
-def _gather_native_jvp(ids_sorted, primals, tangents):
-    table, ids = primals
-    d_table, _ = tangents
-    out = _gather_native(table, ids, ids_sorted)
-    if isinstance(d_table, SymbolicZero):
-        return out, jnp.zeros_like(out)
-    return out, _gather_xla(d_table, ids, ids_sorted)
-
-
-_gather_native.defjvp(_gather_native_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
@@ -82,7 +57,7 @@ _scatter_native.defjvp(_scatter_native_jvp, symbolic_zeros=True)
 
 def _native_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
     # A weakly typed table (e.g. ``jnp.full(shape, 1.0)``) stays in XLA, whose
-    # gather and scatter keep it weakly typed (a kernel's result is not).
+    # scatter keeps it weakly typed (a kernel's result is not).
     return (
         _native.native_kernels_enabled()
         and not getattr(getattr(table, "aval", None), "weak_type", False)
@@ -93,10 +68,7 @@ def _native_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
 def gather_sorted_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     """``table[ids]`` along axis 0 for sorted 1-D ``ids``; ids outside ``[0, N)``
     (the RowSparse padding id ``N``) read zero rows."""
-    table = jnp.asarray(table)
-    if _native_ok(table, ids):
-        return _gather_native(table, ids)
-    return _gather_xla(table, ids)
+    return gather(table, ids, ids_sorted=True)
 
 
 def gather_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -104,11 +76,7 @@ def gather_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     ``[*ids.shape, *table.shape[1:]]``; ids outside ``[0, N)`` (negative ones
     too) read zero rows."""
     table = jnp.asarray(table)
-    flat = ids.reshape(-1)
-    if _native_ok(table, flat):
-        out = _gather_native(table, flat, False)
-    else:
-        out = _gather_xla(table, flat, False)
+    out = gather(table, jnp.asarray(ids).reshape(-1))
     return out.reshape(tuple(ids.shape) + tuple(table.shape[1:]))
 
 

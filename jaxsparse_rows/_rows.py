@@ -14,7 +14,7 @@ from ._ids import slots_in, unique_rows
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import capacity_check, check_static_int, gather_rows, is_concrete
+from ._util import capacity_check, check_static_int, is_concrete
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
@@ -118,12 +118,10 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
     ids = _as_ids(ids)
     if isinstance(x, RowSparse):
         _check_id_range(ids, x.shape[0], "ids")
-        # XLA's gather, not the row kernel: the rows come from the small [K, D]
-        # data, where the kernel gains nothing in a training step, and XLA's
-        # gather keeps `take` linear-transposable (`jax.linear_transpose`).
+        # The gather primitive: on CPU its transpose (the gradient with
+        # respect to `x.data`) is the native sum of rows into [K, D].
         slots = lookup_slots(x, ids.reshape(-1))
-        out = gather_rows(x.data, slots)
-        return out.reshape(tuple(ids.shape) + x.shape[1:])
+        return gather_any_rows(x.data, slots).reshape(tuple(ids.shape) + x.shape[1:])
     from ._csr import CSR
 
     if isinstance(x, CSR):

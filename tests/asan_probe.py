@@ -17,6 +17,7 @@ import numpy as np
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _ids, _native
+from jaxsparse_rows._gather_prim import sum_rows
 from jaxsparse_rows._row_moves import gather_rows, scatter_sorted_rows
 
 rng = np.random.default_rng(0)
@@ -55,6 +56,17 @@ def row_kernels() -> None:
             for order in (ids, np.sort(ids)):  # malformed: unsorted, repeated, out of range
                 fn = jax.jit(lambda t, i, r, a=add: scatter_sorted_rows(t, i, r, add=a))
                 jax.block_until_ready(fn(table, order, rows))
+    # the sum of rows (the gather's transpose): any order, extreme ids, row
+    # widths that are not whole cache lines, the column-split threaded path
+    for n, k, d in ((1, 2, 1), (7, 9, 5), (300, 8000, 17), (3000, 4000, 64)):
+        ids = rng.integers(-(2**31), 2**31 - 1, k).astype(np.int32)
+        ids[::2] = rng.integers(0, n, len(ids[::2]))
+        rows = jnp.asarray(rng.standard_normal((k, d)).astype(np.float32))
+        got = jax.jit(lambda r, i, n=n: sum_rows(r, i, n))(rows, ids)
+        live = (ids >= 0) & (ids < n)
+        want = np.zeros((n, d))
+        np.add.at(want, ids[live], np.asarray(rows)[live])
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)
 
 
 def csr_kernels() -> None:

@@ -21,9 +21,8 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
+from jaxsparse_rows._gather_prim import _gather_ref, gather
 from jaxsparse_rows._row_moves import (
-    _gather_native,
-    _gather_xla,
     _scatter_native,
     _scatter_xla,
     gather_sorted_rows,
@@ -78,6 +77,16 @@ def _assert_same(got, want):
     got = np.asarray(got)
     assert got.dtype == np.asarray(want).dtype
     np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))
+
+
+def _gather_native(table, ids):
+    """The gather primitive (the kernel on CPU while the kernels are on)."""
+    return gather(table, ids, ids_sorted=True)
+
+
+def _gather_xla(table, ids):
+    """Its XLA reference lowering."""
+    return _gather_ref(table, ids, ids_sorted=True)
 
 
 def _hlo(fn, *args):
@@ -235,14 +244,17 @@ def test_threaded_path_with_a_long_padding_tail(rng, n_live):
 
 
 def test_weakly_typed_tables_stay_weakly_typed():
-    """A weakly typed table (``jnp.full(shape, 1.0)``) keeps XLA's path, whose
-    results stay weakly typed, as they were before the kernels."""
+    """A weakly typed table (``jnp.full(shape, 1.0)``) gives weakly typed
+    results, as XLA's ops do: the gather primitive keeps the weak type (and
+    runs the kernel); the scatter keeps XLA's path."""
     w = jnp.full((4, 2), 1.0)
     ids = jnp.array([1, 4])
     assert jax.typeof(w).weak_type
     assert jax.typeof(gather_sorted_rows(w, ids)).weak_type
+    assert jax.typeof(jax.jit(gather_sorted_rows)(w, ids)).weak_type
     assert jax.typeof(scatter_sorted_rows(w, ids, 2.0, add=True)).weak_type
-    assert GATHER not in _hlo(lambda t: gather_sorted_rows(t, ids), w)
+    assert GATHER in _hlo(lambda t: gather_sorted_rows(t, ids), w)
+    assert SCATTER not in _hlo(lambda t: scatter_sorted_rows(t, ids, 2.0, add=True), w)
     strong = jnp.ones((4, 2))
     assert not jax.typeof(gather_sorted_rows(strong, ids)).weak_type
     assert GATHER in _hlo(lambda t: gather_sorted_rows(t, ids), strong)
@@ -378,6 +390,14 @@ def test_self_test_catches_wrong_row_kernels(monkeypatch):
 
     monkeypatch.setattr(_native, "scatter_rows_call", no_add)
     assert _native._self_test() == "the self-test row scatter-add differed from numpy"
+    monkeypatch.setattr(_native, "scatter_rows_call", real_s)
+    real_sum = _native.sum_rows_call
+
+    def first_id_only(rows, ids, n):  # repeats not summed
+        return real_sum(rows, jnp.where(jnp.arange(ids.shape[0]) % 2 == 0, ids, n), n)
+
+    monkeypatch.setattr(_native, "sum_rows_call", first_id_only)
+    assert _native._self_test() == "the self-test sum of rows differed from numpy"
 
 
 def _adam_step_case(pull=False):

@@ -11,15 +11,17 @@ the CSR products of ``jsr.dot`` run it on CPU:
 - their ``transpose_a=True`` forms (``csr_t_dense.cc``): a stable radix sort of
   (column, row, value) entries and one pass per distinct column;
 - the row gathers and in-place row scatters of the lazy optimizers,
-  ``apply_updates`` and ``pull_rows`` (``rows.cc``): prefetching copy / add
-  loops over the listed rows, split over the same pool;
+  ``apply_updates``, ``pull_rows`` and ``take``, and the gathers' transpose, a
+  sum of rows by id (``rows.cc``; the gather and the sum are the linear
+  primitives of ``_gather_prim.py``): prefetching copy / add loops over the
+  listed rows, split over the same pool;
 - the id bookkeeping of ``pull_rows``, ``take``, lookup gradients and
   coalescing (``ids.cc``, used by ``_ids.py``): the sorted unique ids of a
   batch with every id's slot (one radix sort), and the slots of ids in a
   sorted list (an interleaved branchless binary search).
 
 Other platforms (GPU, TPU), other dtypes, and installs without the library run
-the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_ids.py``),
+the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_gather_prim.py``, ``_ids.py``),
 which are the reference the kernels are tested against and which also supply
 their derivatives.
 
@@ -46,6 +48,7 @@ CSR_DENSE_TARGET = "jaxsparse_rows_csr_dense"
 CSR_T_DENSE_TARGET = "jaxsparse_rows_csr_t_dense"
 GATHER_ROWS_TARGET = "jaxsparse_rows_gather_rows"
 SCATTER_ROWS_TARGET = "jaxsparse_rows_scatter_rows"
+SUM_ROWS_TARGET = "jaxsparse_rows_sum_rows"
 UNIQUE_IDS_TARGET = "jaxsparse_rows_unique_ids"
 SEARCH_IDS_TARGET = "jaxsparse_rows_search_ids"
 _SYMBOLS = {  # custom-call target -> the library's handler symbol
@@ -53,6 +56,7 @@ _SYMBOLS = {  # custom-call target -> the library's handler symbol
     CSR_T_DENSE_TARGET: "jsr_csr_t_dense",
     GATHER_ROWS_TARGET: "jsr_gather_rows",
     SCATTER_ROWS_TARGET: "jsr_scatter_rows",
+    SUM_ROWS_TARGET: "jsr_sum_rows",
     UNIQUE_IDS_TARGET: "jsr_unique_ids",
     SEARCH_IDS_TARGET: "jsr_search_ids",
 }
@@ -124,9 +128,10 @@ def _csr_case(rng: np.random.Generator):
 
 def _rows_cases(rng: np.random.Generator):
     """Row gathers and scatters at sorted ids with a padding id and an id past
-    the table, on the one-thread and the threaded path; the expected results."""
+    the table, on the one-thread and the threaded path (the second case just
+    over the threshold, to keep the test's memory small); the expected results."""
     cases = []
-    for n, k, d in ((40, 7, 3), (3000, 1024, 64)):
+    for n, k, d in ((40, 7, 3), (600, 520, 64)):
         table = rng.standard_normal((n, d)).astype(np.float32)
         ids = np.sort(rng.choice(n, k - 2, replace=False))
         ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)
@@ -140,6 +145,19 @@ def _rows_cases(rng: np.random.Generator):
             scattered.append(out)
         cases.append(((table, ids, rows), (gathered, *scattered)))
     return cases
+
+
+def _sum_case(rng: np.random.Generator):
+    """Rows summed at unsorted, repeated, negative and too-large ids, with a row
+    width that is not a whole number of cache lines and enough rows for the
+    threaded path; small integers, so any summation order is exact."""
+    n, k, d = 50, 1500, 24
+    ids = rng.integers(-2, n + 2, k).astype(np.int32)
+    rows = rng.integers(-4, 5, (k, d)).astype(np.float32)
+    live = (ids >= 0) & (ids < n)
+    expected = np.zeros((n, d), np.float32)
+    np.add.at(expected, ids[live], rows[live])
+    return (rows, ids), n, expected
 
 
 def _ids_case(rng: np.random.Generator):
@@ -169,9 +187,10 @@ def _self_test() -> str:
     rng = np.random.default_rng(0)
     (csr_args, t_args), k, expected, (present, t_expected) = _csr_case(rng)
     rows_cases = _rows_cases(rng)
+    sum_args, sum_n, sum_expected = _sum_case(rng)
     (ids, uniq_in), n_rows, cap, ids_expected = _ids_case(rng)
 
-    def probe(csr_args, t_args, rows_args, ids_args):
+    def probe(csr_args, t_args, rows_args, sum_args, ids_args):
         return (
             csr_dense_call(*csr_args),
             csr_t_dense_call(*t_args, k),
@@ -183,12 +202,13 @@ def _self_test() -> str:
                 )
                 for t, i, r in rows_args
             ],
+            sum_rows_call(*sum_args, sum_n),
             unique_ids_call(ids_args[0], n_rows, cap),
             search_ids_call(ids_args[1], ids_args[0], n_rows),
         )
 
-    got, (idx, data), rows_got, unique_got, search_got = _run_on_cpu(
-        probe, csr_args, t_args, [args for args, _ in rows_cases], (ids, uniq_in)
+    got, (idx, data), rows_got, sum_got, unique_got, search_got = _run_on_cpu(
+        probe, csr_args, t_args, [args for args, _ in rows_cases], sum_args, (ids, uniq_in)
     )
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         return "the self-test product differed from numpy"
@@ -204,6 +224,8 @@ def _self_test() -> str:
         for what, w, r in zip(("gather", "scatter", "scatter-add"), want, results, strict=True):
             if not np.array_equal(r, w):
                 return f"the self-test row {what} differed from numpy"
+    if not np.array_equal(sum_got, sum_expected):
+        return "the self-test sum of rows differed from numpy"
     if not all(np.array_equal(g, w) for g, w in zip(unique_got, ids_expected, strict=True)):
         return "the self-test unique ids differed from numpy"
     if not np.array_equal(search_got, ids_expected[2]):
@@ -375,18 +397,19 @@ _ROW_DTYPES = tuple(
 
 
 def supports_rows(table: Any, ids: Any, *, add: bool = False) -> bool:
-    """Whether the row kernels handle ``table[ids]`` (and a scatter into it):
-    a table with at least one row and one element per row, of a plain numeric
-    dtype (float32/float64 when ``add``), and non-empty 1-D int32/int64 ids."""
-    tdt = np.dtype(table.dtype)
+    """Whether the row kernels handle ``table[ids]`` (and a scatter or a sum of
+    rows into it): a table (anything with ``shape`` and ``dtype``) with at
+    least one row and one element per row, of a plain numeric dtype
+    (float32/float64 when ``add``), and non-empty 1-D int32/int64 ids."""
+    shape = tuple(table.shape)
     ok = _VALUE_DTYPES if add else _ROW_DTYPES
     return (
-        tdt in ok
+        np.dtype(table.dtype) in ok
         and np.dtype(ids.dtype) in _INDEX_DTYPES
         and ids.ndim == 1
         and ids.shape[0] > 0
-        and table.ndim >= 1
-        and table.size > 0
+        and len(shape) >= 1
+        and int(np.prod(shape)) > 0
     )
 
 
@@ -407,6 +430,15 @@ def scatter_rows_call(table: Any, ids: Any, rows: Any, add: bool = False) -> jax
         SCATTER_ROWS_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
     )
     return call(table, ids, rows, add=bool(add))
+
+
+def sum_rows_call(rows: Any, ids: Any, n: int) -> jax.Array:
+    """The raw FFI call: ``out = zeros([n, ...]); out[ids[i]] += rows[i]`` for
+    1-D ``ids`` in any order (repeats summed, ids outside ``[0, n)`` dropped),
+    float32/float64 rows. CPU only and not differentiable by itself (the
+    primitive of ``_gather_prim`` lowers to it)."""
+    out = jax.ShapeDtypeStruct((int(n),) + tuple(rows.shape[1:]), rows.dtype)
+    return jax.ffi.ffi_call(SUM_ROWS_TARGET, out, vmap_method="sequential")(rows, ids)
 
 
 def supports_ids(ids: Any) -> bool:
@@ -453,6 +485,7 @@ __all__ = [
     "supports_rows",
     "gather_rows_call",
     "scatter_rows_call",
+    "sum_rows_call",
     "supports_ids",
     "unique_ids_call",
     "search_ids_call",

@@ -3,8 +3,10 @@
 // (`x.at[ids].get / set / add` with sorted unique ids) stay the reference, the
 // GPU path and the fallback; see jaxsparse_rows/_native/__init__.py.
 //
-//   gather:  out[i, :] = table[ids[i], :]   (a zero row for ids outside [0, N))
-//   scatter: table[ids[i], :] = rows[i, :]  (or +=; ids outside [0, N) dropped)
+//   gather:   out[i, :] = table[ids[i], :]   (a zero row for ids outside [0, N))
+//   scatter:  table[ids[i], :] = rows[i, :]  (or +=; ids outside [0, N) dropped)
+//   sum rows: out = zeros[N, ...]; out[ids[i], :] += rows[i, :]  (any order,
+//             repeats summed, ids outside [0, N) dropped): the gather's transpose
 //
 // The scatter's result is the table operand itself (XLA aliases the two, so a
 // donated table is updated in place). Both loops are bound by the latency of
@@ -185,7 +187,65 @@ ffi::Error Scatter(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer id
   });
 }
 
+// Sums rows[i] into out[ids[i]] for ids in any order, repeats included. The
+// output rows are zeroed in parallel row ranges; the sum is then split by
+// columns (blocks of at least one cache line), so every thread walks all the
+// ids over its own columns and no two threads ever write the same element.
+// The summation order within an output element is the order of the ids.
+template <typename T, typename I>
+ffi::Error SumRowsT(ffi::ThreadPool& pool, ffi::AnyBuffer rows, ffi::AnyBuffer ids,
+                    ffi::Result<ffi::AnyBuffer> out) {
+  const auto dims = out->dimensions();
+  Rows<I> r = MakeRows<I>(out->untyped_data(), dims, sizeof(T), ids);
+  if (static_cast<int64_t>(rows.size_bytes()) != r.k * r.row_bytes) {
+    return ffi::Error::InvalidArgument("sum rows: rows do not match [K, ...] of the result");
+  }
+  char* o = static_cast<char*>(out->untyped_data());
+  jaxsparse_rows::ParallelRanges(pool, r.n, r.n * r.row_bytes >= kParallelMinBytes,
+                                 [&](int64_t b, int64_t e) {
+                                   std::memset(o + b * r.row_bytes, 0, (e - b) * r.row_bytes);
+                                 });
+  const int64_t d = r.row_bytes / static_cast<int64_t>(sizeof(T));
+  constexpr int64_t kBlock = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;  // one cache line
+  const int64_t blocks = (d + kBlock - 1) / kBlock;
+  const T* src = static_cast<const T*>(rows.untyped_data());
+  T* dst = reinterpret_cast<T*>(o);
+  jaxsparse_rows::ParallelRanges(
+      pool, blocks, r.k * r.row_bytes >= kParallelMinBytes, [&](int64_t b, int64_t e) {
+        const int64_t c0 = b * kBlock, c1 = std::min(d, e * kBlock);
+        for (int64_t i = 0; i < r.k; ++i) {
+          const int64_t row = r.ids[i];
+          if (row < 0 || row >= r.n) continue;
+          T* __restrict__ to = dst + row * d;
+          const T* __restrict__ from = src + i * d;
+          for (int64_t c = c0; c < c1; ++c) to[c] += from[c];
+        }
+      });
+  return ffi::Error::Success();
+}
+
+ffi::Error SumRows(ffi::ThreadPool pool, ffi::AnyBuffer rows, ffi::AnyBuffer ids,
+                   ffi::Result<ffi::AnyBuffer> out) {
+  if (auto err = CheckOperands(*out, ids, rows.element_type()); err.failure()) return err;
+  if (rows.dimensions().size() != out->dimensions().size() ||
+      !std::equal(rows.dimensions().begin() + 1, rows.dimensions().end(),
+                  out->dimensions().begin() + 1)) {
+    return ffi::Error::InvalidArgument("sum rows: rows and result differ past the row axis");
+  }
+  return jaxsparse_rows::ForDtypes(rows.element_type(), ids.element_type(), [&](auto t, auto i) {
+    return SumRowsT<decltype(t), decltype(i)>(pool, rows, ids, out);
+  });
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jsr_sum_rows, SumRows,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // rows [K, ...]
+                                  .Arg<ffi::AnyBuffer>()  // ids [K], any order
+                                  .Ret<ffi::AnyBuffer>()  // out [N, ...]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jsr_gather_rows, Gather,
                               ffi::Ffi::Bind()
