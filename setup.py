@@ -6,6 +6,7 @@ environment, the install still succeeds and ``jsr.dot`` runs its XLA path.
 """
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
@@ -34,6 +35,11 @@ class BuildKernels(build_ext):
             self.warn(message + ", skipping the native kernels")
             return
         ext.include_dirs.append(include)
+        # The jaxlib whose FFI headers these are: the kernels refuse to load
+        # into an older jaxlib, whose XLA would reject their newer FFI version
+        # (and fail to start its CPU backend).
+        version = importlib.metadata.version("jaxlib")
+        ext.define_macros.append(("JSR_BUILT_WITH_JAXLIB", f'"{version}"'))
         super().build_extension(ext)
 
 

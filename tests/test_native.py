@@ -264,6 +264,22 @@ def test_missing_library_falls_back_to_xla(monkeypatch):
     np.testing.assert_allclose(jsr.dot(x, y), [[15, 15], [0, 0], [9, 9]])
 
 
+@needs_kernels
+def test_kernels_built_for_a_newer_jaxlib_are_not_registered(monkeypatch):
+    """Kernels compiled against a newer jaxlib than the running one are refused
+    before any handler is registered (XLA would reject their FFI version and
+    fail to start its CPU backend); the status says how to rebuild them."""
+    monkeypatch.setattr(_native, "jaxlib_version", lambda: "0.4.1")
+    registered = []
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", lambda *a, **k: registered.append(a))
+    status = _native._load()
+    assert status.startswith("the kernels were built against jaxlib ")
+    assert "but jaxlib 0.4.1 is running" in status and "--no-build-isolation" in status
+    assert registered == []
+    monkeypatch.setattr(_native, "jaxlib_version", lambda: "99.0")
+    assert _native._load() == "ok" and len(registered) == len(_native.TARGETS)
+
+
 def test_environment_variable_turns_the_kernels_off():
     code = "import jaxsparse_rows as jsr; print(jsr.native_kernels_enabled())"
     env = dict(os.environ, JAXSPARSE_ROWS_NATIVE="0")

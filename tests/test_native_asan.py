@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jaxlib import version as jaxlib_version
 
 SOURCES = Path(__file__).resolve().parents[1] / "jaxsparse_rows" / "_native"
 
@@ -46,6 +47,7 @@ def test_kernels_are_clean_under_address_and_ub_sanitizers(tmp_path):
         "-std=c++17", "-O1", "-g", "-fPIC", "-fsanitize=address,undefined",
         "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
         f"-I{include}", f"-I{SOURCES}",
+        f'-DJSR_BUILT_WITH_JAXLIB="{jaxlib_version.__version__}"',
     ]  # fmt: skip
     objects, compiles = [], []
     for source in sorted(SOURCES.glob("*.cc")):  # compiled in parallel
