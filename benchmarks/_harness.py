@@ -101,11 +101,29 @@ class _CompileMonitor:
             self.compiles += 1
 
     def __enter__(self) -> _CompileMonitor:
-        jax.monitoring.register_event_duration_secs_listener(self)
+        _start_listening()
+        _ACTIVE_MONITORS.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        jax.monitoring.unregister_event_duration_listener(self)
+        _ACTIVE_MONITORS.remove(self)
+
+
+# One process-wide listener that feeds the active monitors: registering once
+# works on every jax version (``unregister_event_duration_listener`` is recent).
+_ACTIVE_MONITORS: list[_CompileMonitor] = []
+_LISTENING = [False]
+
+
+def _dispatch(event: str, duration: float, **kwargs: Any) -> None:
+    for monitor in _ACTIVE_MONITORS:
+        monitor(event, duration, **kwargs)
+
+
+def _start_listening() -> None:
+    if not _LISTENING[0]:
+        jax.monitoring.register_event_duration_secs_listener(_dispatch)
+        _LISTENING[0] = True
 
 
 def block(out: Any) -> Any:
