@@ -55,7 +55,7 @@ def gather(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax
     """``table[ids]`` for 1-D ``ids``: ``[K, *table.shape[1:]]``, zero rows where
     an id is outside ``[0, N)``. Linear in ``table``; its transpose is
     :func:`sum_rows`. ``ids_sorted`` promises ascending ids (an XLA hint)."""
-    table = jnp.asarray(table)
+    table, ids = jnp.asarray(table), jnp.asarray(ids)
     native = _use_native(table.dtype, table.shape[1:], table.shape[0], ids, add=False)
     return gather_rows_p.bind(table, ids, ids_sorted=bool(ids_sorted), native=native)
 
@@ -64,7 +64,7 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
     """``zeros([n, ...]).at[ids].add(rows)`` for 1-D ``ids`` in any order: repeated
     ids are summed, ids outside ``[0, n)`` dropped. Linear in ``rows``; its
     transpose is :func:`gather`."""
-    rows = jnp.asarray(rows)
+    rows, ids = jnp.asarray(rows), jnp.asarray(ids)
     native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
     return sum_rows_p.bind(rows, ids, n=int(n), ids_sorted=bool(ids_sorted), native=native)
 
