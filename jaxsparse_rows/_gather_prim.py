@@ -27,6 +27,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
+from ._util import explicit_spec
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -56,6 +57,10 @@ def gather(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax
     an id is outside ``[0, N)``. Linear in ``table``; its transpose is
     :func:`sum_rows`. ``ids_sorted`` promises ascending ids (an XLA hint)."""
     table, ids = jnp.asarray(table), jnp.asarray(ids)
+    if explicit_spec(table) is not None:
+        # Sharded over explicit mesh axes (several devices, so no kernels):
+        # XLA's gather, whose sharding and transpose rules JAX knows.
+        return _gather_ref(table, ids, ids_sorted=ids_sorted)
     native = _use_native(table.dtype, table.shape[1:], table.shape[0], ids, add=False)
     return gather_rows_p.bind(table, ids, ids_sorted=bool(ids_sorted), native=native)
 

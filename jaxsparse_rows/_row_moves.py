@@ -20,11 +20,16 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _native
 from ._gather_prim import gather
+from ._util import explicit_spec
 
 
 def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
-    ref = jnp.asarray(table).at[ids]
+    table = jnp.asarray(table)
+    ref = table.at[ids]
     kw = dict(indices_are_sorted=True, unique_indices=True, wrap_negative_indices=False)
+    spec = explicit_spec(table)  # sharding in types: the result keeps the table's
+    if spec is not None:
+        kw["out_sharding"] = spec
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
 
 

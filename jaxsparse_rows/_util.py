@@ -111,7 +111,29 @@ def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = Fal
         fill_value=0,
         wrap_negative_indices=False,
         indices_are_sorted=indices_are_sorted,
+        **gathered_sharding(x, rows),
     )
+
+
+def explicit_spec(x: Any):
+    """The PartitionSpec of an array sharded over explicit mesh axes (sharding
+    in types), or None (no mesh, automatic axes, or replicated)."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec if spec is not None and any(a is not None for a in spec) else None
+
+
+def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
+    """``out_sharding`` for ``x[rows]`` where ``x`` is explicitly sharded (JAX
+    cannot resolve it alone): the rows' own sharding along their axes (else
+    replicated), then ``x``'s along the row's axes; ``{}`` otherwise."""
+    spec = explicit_spec(x)
+    if spec is None:
+        return {}
+    tail = tuple(spec[1:]) + (None,) * (x.ndim - 1 - len(spec[1:]))
+    used = {a for a in tail if a is not None}
+    head = tuple(explicit_spec(rows) or ()) + (None,) * rows.ndim
+    head = tuple(None if a in used else a for a in head[: rows.ndim])
+    return {"out_sharding": jax.sharding.PartitionSpec(*head, *tail)}
 
 
 def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:

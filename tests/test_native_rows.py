@@ -518,3 +518,46 @@ print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
     ).stdout.splitlines()
     assert out[0] == "ok False False"
     assert out[1] == "True [-0.1, -0.1, -0.1, 0.0]"
+
+
+def test_explicitly_sharded_table_trains_with_xla_ops():
+    """A table sharded by rows over explicit mesh axes (sharding in types):
+    ``pull_rows``, ``take``, the row-sparse gradient, a lazy Adam step and
+    ``apply_updates`` resolve their shardings (the table keeps its own, the
+    optimizer state is sharded like it) and give the single-device result
+    (in a subprocess with 2 host devices)."""
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np, jaxsparse_rows as jsr
+from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+def run(shard):
+    opt = jsr.optim.lazy_adam(0.1)
+    emb = jnp.arange(8000.0).reshape(1000, 8) / 8000
+    if shard:
+        emb = jax.device_put(emb, NamedSharding(mesh, P("x")))
+    params = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
+    s = opt.init(params)
+    ids = jnp.array([[1, 600], [999, 1], [3, 600]])
+    def loss(view, ids):
+        return jnp.sum(jnp.tanh(jsr.take(view["emb"], ids).sum(1) @ view["w"]))
+    def step(p, s, ids):
+        view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
+        _, g = jsr.value_and_grad(loss)(view, ids)
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), s
+    p, s = jax.jit(step)(params, s, ids)
+    p, s = jax.jit(step)(p, s, ids[::-1])
+    return p, s
+with jax.set_mesh(mesh):
+    p, s = run(True)
+print(p["emb"].sharding.spec[0] == "x", s[0].mu["emb"].sharding.spec[0] == "x")
+ref, _ = run(False)
+print(float(np.abs(np.asarray(p["emb"]) - np.asarray(ref["emb"])).max()) < 1e-6,
+      float(np.abs(np.asarray(p["emb"]) - np.arange(8000.0).reshape(1000, 8) / 8000).max()) > 0)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "True", "True", "True"]

@@ -141,9 +141,10 @@ def apply_rule(
 
 
 def zeros_like_params(params: Any, dtype: Any = None, fill: float = 0.0) -> Any:
-    """Dense state arrays shaped like each (dense) parameter leaf."""
+    """Dense state arrays shaped like each (dense) parameter leaf, and sharded
+    like it where it carries a sharding (as ``optax``'s ``zeros_like``)."""
     return jax.tree.map(
-        lambda p: None if p is None else jnp.full(jnp.shape(p), fill, dtype or jnp.result_type(p)),
+        lambda p: None if p is None else jnp.full_like(p, fill, dtype or jnp.result_type(p)),
         params,
         is_leaf=lambda x: x is None,
     )
