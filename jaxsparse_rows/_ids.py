@@ -6,8 +6,10 @@ and elementwise ops all reduce to these. On CPU, where the native kernels are
 available, ``unique_rows`` runs one radix-sort kernel (which also yields every
 id's slot) and ``slots_in`` a binary-search kernel; elsewhere, and for inputs
 the kernels do not take, they run the XLA implementations below, which the
-kernels are tested against. All outputs are integers, so nothing here needs a
-derivative.
+kernels are tested against. Their outputs are integers, so they need no
+derivative. ``coalesce_rows`` sums rows by slot with ``_gather_prim.sum_rows``
+(the native sum of rows on CPU), which is linear and carries the derivative
+of the summed data.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _native
+from ._gather_prim import sum_rows
 from ._util import index_dtype, segments_of_sorted
 
 
@@ -140,6 +143,4 @@ def coalesce_rows(
     ``[0, n_rows)`` (padding) are dropped.
     """
     uniq, count, slots = unique_with_slots(ids, n_rows, capacity)
-    summed = jnp.zeros((capacity,) + tuple(data.shape[1:]), data.dtype)
-    summed = summed.at[slots].add(data, mode="drop")
-    return uniq, summed, count
+    return uniq, sum_rows(data, slots, capacity), count
