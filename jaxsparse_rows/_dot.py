@@ -14,6 +14,7 @@ from . import _native
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids
 from ._ids import coalesce_rows, slots_in
+from ._kernel_call import on_cpu
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
@@ -157,9 +158,7 @@ def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
 @jax.custom_jvp
 def _csr_dense_native(vals, cols, indptr, table) -> jax.Array:
     """:func:`_csr_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
-    return jax.lax.platform_dependent(
-        vals, cols, indptr, table, cpu=_native.csr_dense_call, default=_csr_dense_xla
-    )
+    return on_cpu(_native.csr_dense_call, _csr_dense_xla, vals, cols, indptr, table)
 
 
 def _csr_dense_native_jvp(primals, tangents):
@@ -212,14 +211,7 @@ def _csr_t_dense_native(vals, cols, rows, table, k):
     """:func:`_csr_t_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
     # Both branches must return the RowSparse index dtype.
     cols, rows = cols.astype(index_dtype()), rows.astype(index_dtype())
-    return jax.lax.platform_dependent(
-        vals,
-        cols,
-        rows,
-        table,
-        cpu=functools.partial(_native.csr_t_dense_call, k=k),
-        default=functools.partial(_csr_t_dense_xla, k=k),
-    )
+    return on_cpu(_native.csr_t_dense_call, _csr_t_dense_xla, vals, cols, rows, table, k=k)
 
 
 def _csr_t_dense_native_jvp(k, primals, tangents):

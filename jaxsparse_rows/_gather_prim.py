@@ -12,7 +12,8 @@ Each primitive is the other's transpose, so ``grad``, ``vjp``, ``jvp``,
 
 Which one a program uses is chosen per platform when it is lowered, so one
 traced function lowers to the kernels on CPU and to XLA on GPU, and the
-choice leaves no branch in the compiled program. Ids are 1-D, in any order,
+choice leaves no branch in the compiled program. A program lowered for
+``jax.export`` always gets XLA's (see ``_kernel_call``). Ids are 1-D, in any order,
 repeats allowed; ids outside ``[0, N)`` (negative ones too) read zero rows and
 are dropped from sums.
 """
@@ -116,8 +117,14 @@ def _gather_lowering(ctx, table, ids, *, ids_sorted, native):
     return mlir.lower_fun(ref, multiple_results=False)(ctx, table, ids)
 
 
+def _for_export(ctx) -> bool:
+    # An exported program must not name this library's custom-call targets
+    # (see ``_kernel_call``): it gets the XLA lowering.
+    return ctx.module_context.lowering_parameters.for_export
+
+
 def _gather_cpu_lowering(ctx, table, ids, *, ids_sorted, native):
-    if native:
+    if native and not _for_export(ctx):
         return jax.ffi.ffi_lowering(_native.GATHER_ROWS_TARGET)(ctx, table, ids)
     return _gather_lowering(ctx, table, ids, ids_sorted=ids_sorted, native=native)
 
@@ -129,7 +136,7 @@ def _sum_lowering(ctx, rows, ids, *, n, ids_sorted, native):
 
 
 def _sum_cpu_lowering(ctx, rows, ids, *, n, ids_sorted, native):
-    if native:
+    if native and not _for_export(ctx):
         return jax.ffi.ffi_lowering(_native.SUM_ROWS_TARGET)(ctx, rows, ids)
     return _sum_lowering(ctx, rows, ids, n=n, ids_sorted=ids_sorted, native=native)
 

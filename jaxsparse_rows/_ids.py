@@ -14,14 +14,12 @@ of the summed data.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from . import _native
 from ._gather_prim import sum_rows
+from ._kernel_call import on_cpu
 from ._util import index_dtype, segments_of_sorted
 
 
@@ -65,10 +63,8 @@ def _native_ok(*ids: jax.Array) -> bool:
 
 def _unique_native(ids: jax.Array, n_rows: int, capacity: int):
     """``(uniq, count, slots)``: the kernel on CPU, the XLA path elsewhere."""
-    return lax.platform_dependent(
-        ids,
-        cpu=functools.partial(_native.unique_ids_call, n_rows=n_rows, capacity=capacity),
-        default=functools.partial(_unique_with_slots_xla, n_rows=n_rows, capacity=capacity),
+    return on_cpu(
+        _native.unique_ids_call, _unique_with_slots_xla, ids, n_rows=n_rows, capacity=capacity
     )
 
 
@@ -124,12 +120,7 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     flat = ids.reshape(-1)
     if not _native_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)
-    slots = lax.platform_dependent(
-        sorted_ids,
-        flat,
-        cpu=functools.partial(_native.search_ids_call, n_rows=n_rows),
-        default=functools.partial(_slots_xla, n_rows=n_rows),
-    )
+    slots = on_cpu(_native.search_ids_call, _slots_xla, sorted_ids, flat, n_rows=n_rows)
     return slots.reshape(ids.shape)
 
 

@@ -20,6 +20,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _native
 from ._gather_prim import gather
+from ._kernel_call import on_cpu
 from ._util import explicit_spec
 
 
@@ -35,13 +36,7 @@ def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _scatter_native(table, ids, rows, add):
-    return jax.lax.platform_dependent(
-        table,
-        ids,
-        rows,
-        cpu=functools.partial(_native.scatter_rows_call, add=add),
-        default=functools.partial(_scatter_xla, add=add),
-    )
+    return on_cpu(_native.scatter_rows_call, _scatter_xla, table, ids, rows, add=add)
 
 
 def _scatter_native_jvp(add, primals, tangents):

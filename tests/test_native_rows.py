@@ -22,6 +22,7 @@ from kernel_switch import kernels_set, needs_kernels
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
 from jaxsparse_rows._gather_prim import _gather_ref, gather
+from jaxsparse_rows._ids import unique_rows
 from jaxsparse_rows._row_moves import (
     _scatter_native,
     _scatter_xla,
@@ -417,45 +418,59 @@ def _adam_step_case(pull=False):
     return step, (p, opt.init(p), g)
 
 
-def test_jax_export_of_a_training_step():
-    """``jax.export`` refuses custom calls without compatibility guarantees: a
-    CPU step exports with the kernels off, or with their checks disabled (then
-    it runs only where jaxsparse_rows has registered them), as ops.md says."""
-    from jax import export
-
-    step, (p, s, g) = _adam_step_case()
-    with pytest.raises(ValueError, match="custom calls"):
-        export.export(jax.jit(step))(p, s, g)
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in (GATHER, SCATTER)]
-    native = export.export(jax.jit(step), disabled_checks=checks)(p, s, g).call(p, s, g)
-    jsr.set_native_kernels(False)
-    exported = export.export(jax.jit(step))(p, s, g)
-    assert GATHER not in exported.mlir_module()
-    for a, b in zip(jax.tree.leaves(exported.call(p, s, g)), jax.tree.leaves(native), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert float(native[0][3, 0]) == pytest.approx(-0.1, rel=1e-4)
+def _kernel_targets_in(text: str) -> list[str]:
+    return [t for t in _native.TARGETS if t in text]
 
 
-def test_gpu_lowering_has_no_cpu_kernels():
-    """Lowered for CUDA (no GPU needed: ``jax.export`` lowers for any platform),
-    a training step and a CSR product contain XLA ops only: the kernels' branch
-    of ``lax.platform_dependent`` is dropped, so a GPU never sees a CPU target."""
-    from jax import export
-
+def _export_cases():
+    """``(fn, args)``: a lazy Adam step with a pulled view (row gather and
+    scatter), a CSR product, its transpose (csr kernels, id search) and
+    ``unique_rows`` (id kernel) - every kernel's call site."""
     step, args = _adam_step_case(pull=True)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
-    targets = _native.TARGETS
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
-    cases = [
+    ids = jnp.array([4, 1, 4, 9, -1], jnp.int32)
+    return [
         (step, args),
         (jsr.dot, (x, jnp.ones((5, 2)))),
         (lambda a, b: jsr.dot(a, b, transpose_a=True), (x, jnp.ones((3, 2)))),
+        (lambda i: unique_rows(i, 8, 4), (ids,)),
+        (jsr.take, (jnp.ones((8, 3)), ids)),
+        (jax.grad(lambda t, i: jsr.take(t, i).sum()), (jnp.ones((8, 3)), ids)),
     ]
-    for fn, args in cases:
-        on_cpu = export.export(jax.jit(fn), platforms=["cpu"], disabled_checks=checks)(*args)
-        assert any(t in on_cpu.mlir_module() for t in targets)
-        on_gpu = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
-        assert not any(t in on_gpu.mlir_module() for t in targets)
+
+
+def test_jax_export_gets_the_xla_ops():
+    """A program lowered for ``jax.export`` names none of the kernels' custom
+    calls (a process that deserializes it may not have them), even with the
+    kernels on; it computes what the kernels compute under ``jax.jit``, and a
+    CPU + CUDA export is portable too."""
+    from jax import export
+
+    for fn, args in _export_cases():
+        jitted = jax.jit(fn)
+        assert _kernel_targets_in(jitted.lower(*args).as_text()), fn  # jit: kernels
+        exported = export.export(jitted)(*args)
+        assert not _kernel_targets_in(exported.mlir_module()), fn
+        for a, b in zip(
+            jax.tree.leaves(exported.call(*args)), jax.tree.leaves(jitted(*args)), strict=True
+        ):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+        both = export.export(jitted, platforms=["cpu", "cuda"])(*args)
+        assert not _kernel_targets_in(both.mlir_module()), fn
+    step, (p, s, g) = _adam_step_case()
+    new_p = export.export(jax.jit(step))(p, s, g).call(p, s, g)[0]
+    assert float(new_p[3, 0]) == pytest.approx(-0.1, rel=1e-4)  # Adam's first step: -lr
+    assert not np.asarray(new_p).sum(axis=1)[np.arange(10) != 3].any()
+
+
+def test_gpu_lowering_has_no_cpu_kernels():
+    """Lowered for CUDA (no GPU needed), a training step, CSR products and the
+    id and row ops contain XLA ops only, while the same functions lowered for
+    CPU call the kernels: a GPU never sees a CPU target."""
+    for fn, args in _export_cases():
+        traced = jax.jit(fn).trace(*args)
+        assert _kernel_targets_in(traced.lower(lowering_platforms=("cpu",)).as_text()), fn
+        assert not _kernel_targets_in(traced.lower(lowering_platforms=("cuda",)).as_text()), fn
 
 
 def test_take_from_a_dense_table(rng):
@@ -521,7 +536,8 @@ print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
 
 
 def test_explicitly_sharded_table_trains_with_xla_ops():
-    """A table sharded by rows over explicit mesh axes (sharding in types):
+    """A table sharded over explicit mesh axes (sharding in types), by rows
+    and by columns (then the row-sparse gradient's data is sharded too):
     ``pull_rows``, ``take``, the row-sparse gradient, a lazy Adam step and
     ``apply_updates`` resolve their shardings (the table keeps its own, the
     optimizer state is sharded like it) and give the single-device result
@@ -532,11 +548,11 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp, numpy as np, jaxsparse_rows as jsr
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-def run(shard):
+def run(spec):
     opt = jsr.optim.lazy_adam(0.1)
     emb = jnp.arange(8000.0).reshape(1000, 8) / 8000
-    if shard:
-        emb = jax.device_put(emb, NamedSharding(mesh, P("x")))
+    if spec is not None:
+        emb = jax.device_put(emb, NamedSharding(mesh, spec))
     params = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
     s = opt.init(params)
     ids = jnp.array([[1, 600], [999, 1], [3, 600]])
@@ -546,18 +562,22 @@ def run(shard):
         view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
         _, g = jsr.value_and_grad(loss)(view, ids)
         u, s = opt.update(g, s, p)
-        return jsr.optim.apply_updates(p, u), s
-    p, s = jax.jit(step)(params, s, ids)
-    p, s = jax.jit(step)(p, s, ids[::-1])
-    return p, s
-with jax.set_mesh(mesh):
-    p, s = run(True)
-print(p["emb"].sharding.spec[0] == "x", s[0].mu["emb"].sharding.spec[0] == "x")
-ref, _ = run(False)
-print(float(np.abs(np.asarray(p["emb"]) - np.asarray(ref["emb"])).max()) < 1e-6,
-      float(np.abs(np.asarray(p["emb"]) - np.arange(8000.0).reshape(1000, 8) / 8000).max()) > 0)
+        return jsr.optim.apply_updates(p, u), s, g["emb"].data
+    p, s, _ = jax.jit(step)(params, s, ids)
+    p, s, g = jax.jit(step)(p, s, ids[::-1])
+    return p, s, g
+def norm(spec):
+    return tuple(spec) + (None,) * (2 - len(spec))
+ref, _, _ = run(None)
+for spec in (P("x", None), P(None, "x")):
+    with jax.set_mesh(mesh):
+        p, s, g = run(spec)
+    print(norm(p["emb"].sharding.spec) == norm(s[0].mu["emb"].sharding.spec) == norm(spec),
+          norm(jax.typeof(g).sharding.spec)[1] == spec[1],
+          float(np.abs(np.asarray(p["emb"]) - np.asarray(ref["emb"])).max()) < 1e-6,
+          float(np.abs(np.asarray(p["emb"]) - np.arange(8000.0).reshape(1000, 8) / 8000).max()) > 0)
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["True", "True", "True", "True"]
+    assert proc.stdout.split() == ["True"] * 8

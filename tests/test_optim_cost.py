@@ -4,6 +4,7 @@ utilities, device_put, pickling, checkpoint round trip)."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 import re
 
@@ -79,8 +80,16 @@ def _all_eqns(jaxpr):
     """``(eqn, inputs)`` for every primitive equation, nested calls, conds and
     loops included; ``inputs`` are the variables of the jaxpr it sits in. A
     scatter's ``update_jaxpr`` (its combiner, e.g. ``add``) is not a nested
-    program: the scatter itself is yielded."""
+    program: the scatter itself is yielded. A ``jsr_kernel_call`` is opened
+    into both of its forms, the native call and the XLA ops, as their own
+    programs (like the branches of a cond)."""
     for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "jsr_kernel_call":
+            avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+            for fn in (eqn.params["native"], eqn.params["xla"]):
+                fn = functools.partial(fn, **dict(eqn.params["static"]))
+                yield from _all_eqns(jax.make_jaxpr(fn)(*avals).jaxpr)
+            continue
         subs = [j for k, v in eqn.params.items() if k != "update_jaxpr" for j in _sub_jaxprs(v)]
         if subs:
             for sub in subs:

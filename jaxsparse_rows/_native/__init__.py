@@ -61,8 +61,8 @@ _SYMBOLS = {  # custom-call target -> the library's handler symbol
     SEARCH_IDS_TARGET: "jsr_search_ids",
 }
 TARGETS = tuple(_SYMBOLS)
-"""Every custom-call target name of the kernels (e.g. for ``jax.export``'s
-``DisabledSafetyCheck.custom_call``)."""
+"""Every custom-call target name of the kernels. A program lowered for
+``jax.export`` contains none of them (``_kernel_call``)."""
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 

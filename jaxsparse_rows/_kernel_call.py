@@ -1,0 +1,104 @@
+"""One JAX primitive for "the native CPU kernel, or its XLA twin".
+
+Every native kernel in ``_native`` has an XLA function that computes the same
+result (its reference, and what runs on other platforms). :func:`on_cpu` binds
+both to :data:`kernel_call_p`, whose lowering picks one when the program is
+lowered:
+
+- on CPU, the kernel (an FFI custom call), unless the program is being lowered
+  for :func:`jax.export`: an exported program must not depend on this
+  library's custom-call targets, which a process that deserializes it may not
+  have (and which carry no compatibility guarantee), so it gets the XLA ops;
+- on every other platform, the XLA ops.
+
+So one traced function runs the kernels under ``jax.jit`` on CPU, runs XLA on
+GPU, and exports to a portable program, with no branch left in any of them.
+The primitive has no derivative rules: its callers wrap it in a
+``jax.custom_jvp`` written in XLA ops (or return integers). Under ``vmap`` it
+runs the XLA function, batched by JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+kernel_call_p = Primitive("jsr_kernel_call")
+kernel_call_p.multiple_results = True
+
+
+def on_cpu(native: Callable, xla: Callable, *args: Any, **static: Any) -> Any:
+    """``native(*args, **static)`` in a program lowered for CPU (not for
+    export), ``xla(*args, **static)`` everywhere else.
+
+    Both must return the same pytree of arrays, shapes and dtypes; ``xla``'s
+    decides. ``native`` and ``xla`` should be module-level functions and the
+    ``static`` values hashable, so that equal calls compare equal (JAX caches
+    on them).
+
+    >>> import jax.numpy as jnp
+    >>> from jaxsparse_rows._kernel_call import on_cpu
+    >>> on_cpu(jnp.negative, jnp.negative, jnp.arange(3))
+    Array([ 0, -1, -2], dtype=int32)
+    """
+    args = tuple(jax.numpy.asarray(a) for a in args)
+    shapes = jax.eval_shape(functools.partial(xla, **static), *args)
+    leaves, tree = jax.tree.flatten(shapes)
+    out = kernel_call_p.bind(
+        *args,
+        native=native,
+        xla=xla,
+        static=tuple(sorted(static.items())),
+        out_types=tuple((tuple(s.shape), s.dtype) for s in leaves),
+    )
+    return jax.tree.unflatten(tree, out)
+
+
+def _flat(fn: Callable, static: tuple) -> Callable:
+    def flat(*args):
+        return jax.tree.leaves(fn(*args, **dict(static)))
+
+    return flat
+
+
+@functools.cache
+def _compiled(params: tuple):
+    return jax.jit(lambda *args: kernel_call_p.bind(*args, **dict(params)))
+
+
+def _impl(*args, **params):
+    return _compiled(tuple(sorted(params.items())))(*args)
+
+
+def _abstract(*avals, native, xla, static, out_types):
+    del avals, native, xla, static
+    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_types]
+
+
+def _xla_lowering(ctx, *args, native, xla, static, out_types):
+    del native, out_types
+    return mlir.lower_fun(_flat(xla, static), multiple_results=True)(ctx, *args)
+
+
+def _cpu_lowering(ctx, *args, native, xla, static, out_types):
+    if ctx.module_context.lowering_parameters.for_export:
+        return _xla_lowering(ctx, *args, native=native, xla=xla, static=static, out_types=None)
+    return mlir.lower_fun(_flat(native, static), multiple_results=True)(ctx, *args)
+
+
+def _batch(args, dims, *, native, xla, static, out_types):
+    del native, out_types
+    out = jax.vmap(_flat(xla, static), in_axes=tuple(dims))(*args)
+    return out, [0] * len(out)
+
+
+kernel_call_p.def_impl(_impl)
+kernel_call_p.def_abstract_eval(_abstract)
+mlir.register_lowering(kernel_call_p, _xla_lowering)
+mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
+batching.primitive_batchers[kernel_call_p] = _batch

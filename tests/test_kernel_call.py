@@ -1,0 +1,61 @@
+"""The "kernel on CPU, XLA elsewhere" primitive: eager calls, jit, vmap,
+export, each against the XLA function it stands for."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from kernel_switch import needs_kernels
+
+from jaxsparse_rows import _ids, _native
+from jaxsparse_rows._kernel_call import _compiled, on_cpu
+
+pytestmark = needs_kernels
+
+
+def _unique(ids):
+    return on_cpu(_native.unique_ids_call, _ids._unique_with_slots_xla, ids, n_rows=8, capacity=4)
+
+
+def _want(ids):
+    return _ids._unique_with_slots_xla(jnp.asarray(ids), 8, 4)
+
+
+def _same(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == w.dtype
+
+
+def test_eager_calls_reuse_one_program():
+    ids = jnp.array([5, 1, 5, 9, -1, 7, 2, 0], jnp.int32)
+    _same(_unique(ids), _want(ids))  # compiled here
+    before = _compiled.cache_info()
+    for shift in range(3):
+        _same(_unique(ids + shift), _want(ids + shift))
+    after = _compiled.cache_info()
+    assert (after.misses, after.hits) == (before.misses, before.hits + 3)
+
+
+def test_jit_calls_the_kernel_and_matches_xla():
+    ids = jnp.array([3, 3, 0, 8, 6, 2, 1], jnp.int32)
+    assert _native.UNIQUE_IDS_TARGET in jax.jit(_unique).lower(ids).as_text()
+    _same(jax.jit(_unique)(ids), _want(ids))
+
+
+def test_vmap_runs_the_xla_function_batched():
+    ids = jnp.array([[3, 3, 0, 9], [7, 1, 7, 7], [-2, 4, 4, 2]], jnp.int32)
+    got = jax.jit(jax.vmap(_unique))(ids)
+    assert _native.UNIQUE_IDS_TARGET not in jax.jit(jax.vmap(_unique)).lower(ids).as_text()
+    for i in range(ids.shape[0]):
+        _same(jax.tree.map(lambda a, i=i: a[i], got), _want(ids[i]))
+
+
+def test_export_lowers_to_the_xla_function():
+    from jax import export
+
+    ids = jnp.array([4, 2, 4, 0], jnp.int32)
+    exported = export.export(jax.jit(_unique))(ids)
+    assert _native.UNIQUE_IDS_TARGET not in exported.mlir_module()
+    _same(exported.call(ids), _want(ids))
