@@ -182,6 +182,15 @@ def _call(step: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def fits(rows: int) -> bool:
+    """Whether the sweeps time the contenders of a size interleaved: every
+    contender's table and state are alive together, so only up to 10^6 rows
+    (at 10^7 rows of 64 float32 each array is 2.5 GB). Interleaving keeps a
+    drift in the machine's load from landing on one contender of a cell,
+    which matters most for the sub-millisecond cells of small tables."""
+    return rows < 10_000_000
+
+
 def measure(
     contenders: Sequence[Contender],
     runs: int,

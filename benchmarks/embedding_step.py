@@ -554,7 +554,7 @@ def main(argv=None) -> None:
             bt = make_batches(vv, b)
             keys = ["jsr", "floor", "torch", "hand"] + (["dense"] if vv <= max(v, 10_000) else [])
             cs = [contender(k, vv, d, bt) for k in keys]
-            rows.append((vv, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            rows.append((vv, h.measure(cs, args.runs, budget_s=args.budget, interleave=h.fits(vv))))
         sw = h.sweep_table(f"sweep: V at B={b}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, JSR, FLOOR, vs[-1] // vs[0])
@@ -563,7 +563,7 @@ def main(argv=None) -> None:
         for bb in bs:
             bt = make_batches(v, bb)
             cs = [contender(k, v, d, bt) for k in ("jsr", "torch", "hand")]
-            rows.append((bb, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            rows.append((bb, h.measure(cs, args.runs, budget_s=args.budget)))
         rep.add("sweep_B", h.sweep_table(f"sweep: batch B (B x {BAG} ids) at V={v}", "B", rows))
     rep.finish()
 

@@ -385,7 +385,7 @@ def main(argv=None) -> None:
         for v in vs:
             wv = make_workload(v, args.dim, k_fixed)
             cs = family_contenders(fam, wv, dense=v <= max(args.vocab, 10_000), torch=True)
-            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=h.fits(v))))
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, fam.jsr_name, f"floor ({fam.key})", vs[-1] // vs[0])
@@ -394,7 +394,7 @@ def main(argv=None) -> None:
         for k in ks:
             wk = make_workload(args.vocab, args.dim, k)
             cs = family_contenders(fam, wk, dense=False)
-            rows.append((k, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            rows.append((k, h.measure(cs, args.runs, budget_s=args.budget)))
         rep.add("sweep_K", h.sweep_table(f"sweep {fam.key}: K at V={args.vocab}", "K", rows))
     rep.finish()
 
