@@ -9,7 +9,8 @@ lowered:
   for :func:`jax.export`: an exported program must not depend on this
   library's custom-call targets, which a process that deserializes it may not
   have (and which carry no compatibility guarantee), so it gets the XLA ops;
-- on every other platform, the XLA ops.
+- on every other platform, and for operands sharded over explicit mesh axes
+  (whose sharding must stay in the result's type), the XLA ops.
 
 So one traced function runs the kernels under ``jax.jit`` on CPU, runs XLA on
 GPU, and exports to a portable program, with no branch left in any of them.
@@ -27,6 +28,8 @@ from typing import Any
 import jax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+
+from ._util import explicit_spec
 
 kernel_call_p = Primitive("jsr_kernel_call")
 kernel_call_p.multiple_results = True
@@ -47,6 +50,10 @@ def on_cpu(native: Callable, xla: Callable, *args: Any, **static: Any) -> Any:
     Array([ 0, -1, -2], dtype=int32)
     """
     args = tuple(jax.numpy.asarray(a) for a in args)
+    if any(explicit_spec(a) is not None for a in args):
+        # Sharded over explicit mesh axes (sharding in types): XLA's ops, whose
+        # sharding rules JAX knows, keep the result's sharding in its type.
+        return xla(*args, **static)
     shapes = jax.eval_shape(functools.partial(xla, **static), *args)
     leaves, tree = jax.tree.flatten(shapes)
     out = kernel_call_p.bind(

@@ -535,6 +535,47 @@ print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
     assert out[1] == "True [-0.1, -0.1, -0.1, 0.0]"
 
 
+def test_one_device_explicit_mesh_keeps_the_sharding_in_types():
+    """On a one-device mesh with an explicit axis the kernels could run, but a
+    kernel's result carries no sharding: operands sharded over explicit axes
+    take the XLA ops, so the table, its optimizer state and a CSR product keep
+    their sharding types, and the values equal the unsharded run's."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+    opt = jsr.optim.lazy_adam(0.1)
+    ids = jnp.array([[1, 60], [99, 1], [3, 60]])
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 60, 1], [0, 2, 2, 3]), shape=(3, 100))
+
+    def loss(view, ids):
+        return jnp.sum(jnp.tanh(jsr.take(view["emb"], ids).sum(1) @ view["w"]))
+
+    def step(p, s, ids):
+        view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
+        _, g = jsr.value_and_grad(loss)(view, ids)
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), s, jsr.dot(x, p["emb"])
+
+    def run(sharded):
+        emb = jnp.arange(800.0).reshape(100, 8) / 800
+        if sharded:
+            emb = jax.device_put(emb, NamedSharding(mesh, P("x", None)))
+        p = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
+        s = opt.init(p)
+        for i in (ids, ids[::-1]):
+            p, s, prod = jax.jit(step)(p, s, i)
+        return p, s, prod
+
+    want = run(False)
+    with jax.set_mesh(mesh):
+        p, s, prod = run(True)
+    for a in (p["emb"], s[0].mu["emb"], s[0].nu["emb"]):
+        assert tuple(jax.typeof(a).sharding.spec)[:1] == ("x",), jax.typeof(a)
+    for a, b in zip(jax.tree.leaves((p, s, prod)), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def test_explicitly_sharded_table_trains_with_xla_ops():
     """A table sharded over explicit mesh axes (sharding in types), by rows
     and by columns (then the row-sparse gradient's data is sharded too):
