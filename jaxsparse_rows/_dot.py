@@ -18,7 +18,7 @@ from ._kernel_call import on_cpu
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import stype
-from ._util import gather_rows, index_dtype
+from ._util import gather_rows, index_dtype, segment_rows
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
@@ -152,7 +152,7 @@ def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     rows = gather_rows(table, cols).astype(dtype)
     contrib = _rows_times(rows, vals.astype(dtype))
     row_ids = csr_row_ids(indptr, vals.shape[0])
-    return jax.ops.segment_sum(contrib, row_ids, num_segments=m, indices_are_sorted=True)
+    return segment_rows(contrib, row_ids, m, indices_are_sorted=True)
 
 
 @jax.custom_jvp

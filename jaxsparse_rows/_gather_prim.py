@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._util import explicit_spec
+from ._util import explicit_spec, zeros_rows
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -40,7 +40,7 @@ def _gather_ref(table, ids, *, ids_sorted):
 
 
 def _sum_ref(rows, ids, *, n, ids_sorted):
-    out = jnp.zeros((n,) + tuple(rows.shape[1:]), rows.dtype)
+    out = zeros_rows(n, rows)
     if n == 0:
         return out
     return out.at[ids].add(

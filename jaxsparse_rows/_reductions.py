@@ -11,7 +11,7 @@ from ._config import log_inference
 from ._csr import CSR
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
-from ._util import ROWSPARSE_INDEXING
+from ._util import ROWSPARSE_INDEXING, segment_rows, zeros_rows
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -49,13 +49,13 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         if axis == 0:
             return jnp.sum(x.data, axis=0, keepdims=keepdims)
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
-        out = jnp.zeros((x.shape[0],) + reduced.shape[1:], reduced.dtype)
+        out = zeros_rows(x.shape[0], reduced)
         return out.at[x.indices].set(reduced, mode="drop", **ROWSPARSE_INDEXING)
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
         out = jnp.zeros((x.shape[1],), data.dtype).at[x.indices].add(data, mode="drop")
         return out[None] if keepdims else out
-    out = jax.ops.segment_sum(data, x.row_ids(), num_segments=x.shape[0], indices_are_sorted=True)
+    out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out
 
 

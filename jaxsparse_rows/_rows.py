@@ -14,7 +14,7 @@ from ._ids import slots_in, unique_rows
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import capacity_check, check_static_int, is_concrete
+from ._util import capacity_check, check_static_int, is_concrete, zeros_rows
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
@@ -90,7 +90,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
             "dropped. Raise `size` (the default, ids.size, never overflows).",
         )
     if n == 0:
-        data = jnp.zeros((cap,) + tuple(table.shape[1:]), table.dtype)
+        data = zeros_rows(cap, table)
     else:
         data = gather_sorted_rows(table, uniq)
     return RowSparse._make(data, uniq, table.shape)

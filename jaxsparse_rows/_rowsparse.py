@@ -21,7 +21,9 @@ from ._util import (
     gather_rows,
     index_dtype,
     is_concrete,
+    segment_rows,
     shape_str,
+    zeros_rows,
 )
 
 
@@ -275,7 +277,7 @@ class RowSparse(SparseOperators):
                  [1, 2],
                  [0, 0]], dtype=int32)
         """
-        zeros = jnp.zeros(self.shape, self.data.dtype)
+        zeros = zeros_rows(self.shape[0], self.data)
         return zeros.at[self.indices].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -312,9 +314,7 @@ class RowSparse(SparseOperators):
         k = self.capacity
         if capacity >= k:
             pad = capacity - k
-            data = jnp.concatenate(
-                [self.data, jnp.zeros((pad,) + self.shape[1:], self.dtype)], axis=0
-            )
+            data = jnp.concatenate([self.data, zeros_rows(pad, self.data)], axis=0)
             idx = jnp.concatenate(
                 [self.indices, jnp.full((pad,), self.shape[0], self.indices.dtype)]
             )
@@ -472,9 +472,7 @@ def row_sparse_array(
         summed = np.zeros((len(uniq),) + tuple(data.shape[1:]), data.dtype)
         np.add.at(summed, inverse, np.asarray(data))
         return RowSparse(jnp.asarray(summed), jnp.asarray(uniq.astype(index_dtype())), shape)
-    summed = jax.ops.segment_sum(
-        data, jnp.asarray(inverse.reshape(-1).astype(index_dtype())), num_segments=len(uniq)
-    )
+    summed = segment_rows(data, jnp.asarray(inverse.reshape(-1).astype(index_dtype())), len(uniq))
     return RowSparse(summed.astype(data.dtype), jnp.asarray(uniq.astype(index_dtype())), shape)
 
 

@@ -122,6 +122,26 @@ def explicit_spec(x: Any):
     return spec if spec is not None and any(a is not None for a in spec) else None
 
 
+def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
+    """Zeros ``[n, *like.shape[1:]]`` (``like``'s dtype unless given) to scatter
+    rows of ``like`` into. Where ``like`` is sharded over explicit mesh axes
+    along its trailing axes, the zeros are too (replicated along the rows),
+    so that the scatter's operand and updates agree."""
+    shape = (int(n),) + tuple(like.shape[1:])
+    dtype = like.dtype if dtype is None else dtype
+    spec = explicit_spec(like)
+    if spec is None or all(a is None for a in tuple(spec)[1:]):
+        return jnp.zeros(shape, dtype)
+    tail = tuple(spec)[1:] + (None,) * (len(shape) - len(spec))
+    return jnp.zeros(shape, dtype, out_sharding=jax.sharding.PartitionSpec(None, *tail))
+
+
+def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Array:
+    """``jax.ops.segment_sum(data, ids, n)`` (ids outside ``[0, n)`` dropped)
+    into :func:`zeros_rows`, so explicitly sharded rows keep their sharding."""
+    return zeros_rows(n, data).at[ids].add(data, mode="drop", wrap_negative_indices=False, **kw)
+
+
 def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
     """``out_sharding`` for ``x[rows]`` where ``x`` is explicitly sharded (JAX
     cannot resolve it alone): the rows' own sharding along their axes (else

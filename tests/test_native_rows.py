@@ -535,44 +535,29 @@ print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
     assert out[1] == "True [-0.1, -0.1, -0.1, 0.0]"
 
 
+def _spec(a) -> tuple:
+    spec = tuple(jax.typeof(a).sharding.spec)
+    return spec + (None,) * (a.ndim - len(spec))
+
+
 def test_one_device_explicit_mesh_keeps_the_sharding_in_types():
     """On a one-device mesh with an explicit axis the kernels could run, but a
     kernel's result carries no sharding: operands sharded over explicit axes
-    take the XLA ops, so the table, its optimizer state and a CSR product keep
-    their sharding types, and the values equal the unsharded run's."""
-    from jax.sharding import AxisType, NamedSharding
+    take the XLA ops, so the table and its optimizer state keep their
+    sharding types, and every value (a CSR product too) equals the unsharded
+    run's."""
+    from jax.sharding import AxisType
     from jax.sharding import PartitionSpec as P
+    from sharded_training import train
 
     mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
-    opt = jsr.optim.lazy_adam(0.1)
-    ids = jnp.array([[1, 60], [99, 1], [3, 60]])
-    x = jsr.csr_matrix(([7.0, 8, 9], [0, 60, 1], [0, 2, 2, 3]), shape=(3, 100))
-
-    def loss(view, ids):
-        return jnp.sum(jnp.tanh(jsr.take(view["emb"], ids).sum(1) @ view["w"]))
-
-    def step(p, s, ids):
-        view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
-        _, g = jsr.value_and_grad(loss)(view, ids)
-        u, s = opt.update(g, s, p)
-        return jsr.optim.apply_updates(p, u), s, jsr.dot(x, p["emb"])
-
-    def run(sharded):
-        emb = jnp.arange(800.0).reshape(100, 8) / 800
-        if sharded:
-            emb = jax.device_put(emb, NamedSharding(mesh, P("x", None)))
-        p = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
-        s = opt.init(p)
-        for i in (ids, ids[::-1]):
-            p, s, prod = jax.jit(step)(p, s, i)
-        return p, s, prod
-
-    want = run(False)
+    want = train()
     with jax.set_mesh(mesh):
-        p, s, prod = run(True)
+        got = train(mesh, P("x", None))
+    p, s = got[:2]
     for a in (p["emb"], s[0].mu["emb"], s[0].nu["emb"]):
-        assert tuple(jax.typeof(a).sharding.spec)[:1] == ("x",), jax.typeof(a)
-    for a, b in zip(jax.tree.leaves((p, s, prod)), jax.tree.leaves(want), strict=True):
+        assert _spec(a) == ("x", None), jax.typeof(a)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
@@ -581,44 +566,40 @@ def test_explicitly_sharded_table_trains_with_xla_ops():
     and by columns (then the row-sparse gradient's data is sharded too):
     ``pull_rows``, ``take``, the row-sparse gradient, a lazy Adam step and
     ``apply_updates`` resolve their shardings (the table keeps its own, the
-    optimizer state is sharded like it) and give the single-device result
-    (in a subprocess with 2 host devices)."""
-    code = """
-import os
+    optimizer state is sharded like it) and give the single-device result;
+    so do the ops that scatter rows into fresh zeros (``op_cases``), in a
+    subprocess with 2 host devices."""
+    code = f"""
+import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-import jax, jax.numpy as jnp, numpy as np, jaxsparse_rows as jsr
-from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import jax, numpy as np
+from jax.sharding import PartitionSpec as P, AxisType
+from jax.sharding import NamedSharding
+from sharded_training import initial_table, op_cases, train
+from test_native_rows import _spec
 mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-def run(spec):
-    opt = jsr.optim.lazy_adam(0.1)
-    emb = jnp.arange(8000.0).reshape(1000, 8) / 8000
-    if spec is not None:
-        emb = jax.device_put(emb, NamedSharding(mesh, spec))
-    params = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
-    s = opt.init(params)
-    ids = jnp.array([[1, 600], [999, 1], [3, 600]])
-    def loss(view, ids):
-        return jnp.sum(jnp.tanh(jsr.take(view["emb"], ids).sum(1) @ view["w"]))
-    def step(p, s, ids):
-        view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
-        _, g = jsr.value_and_grad(loss)(view, ids)
-        u, s = opt.update(g, s, p)
-        return jsr.optim.apply_updates(p, u), s, g["emb"].data
-    p, s, _ = jax.jit(step)(params, s, ids)
-    p, s, g = jax.jit(step)(p, s, ids[::-1])
-    return p, s, g
-def norm(spec):
-    return tuple(spec) + (None,) * (2 - len(spec))
-ref, _, _ = run(None)
+ref = train()
+table, dense = initial_table(), jax.numpy.linspace(0.0, 1.0, 24).reshape(3, 8)
 for spec in (P("x", None), P(None, "x")):
     with jax.set_mesh(mesh):
-        p, s, g = run(spec)
-    print(norm(p["emb"].sharding.spec) == norm(s[0].mu["emb"].sharding.spec) == norm(spec),
-          norm(jax.typeof(g).sharding.spec)[1] == spec[1],
-          float(np.abs(np.asarray(p["emb"]) - np.asarray(ref["emb"])).max()) < 1e-6,
-          float(np.abs(np.asarray(p["emb"]) - np.arange(8000.0).reshape(1000, 8) / 8000).max()) > 0)
+        got = train(mesh, spec)
+        p, s, g, _ = got
+        t = jax.device_put(table, NamedSharding(mesh, spec))
+        d = jax.device_put(dense, NamedSharding(mesh, P(None, spec[1])))
+        ops = {{name: jax.jit(f)(t, d) for name, f in op_cases().items()}}
+    print(_spec(p["emb"]) == _spec(s[0].mu["emb"]) == tuple(spec),
+          _spec(g)[1] == spec[1],
+          all(np.allclose(a, b, rtol=1e-6)
+              for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))),
+          float(np.abs(np.asarray(p["emb"]) - np.asarray(table)).max()) > 0)
+    for name, f in op_cases().items():
+        print(name, np.allclose(ops[name], jax.jit(f)(table, dense), rtol=1e-6))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["True"] * 8
+    lines = proc.stdout.split("\n")
+    assert lines[0].split() == ["True"] * 4, proc.stdout
+    ops = [ln for ln in lines if ln and not ln.startswith("True")]
+    assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
