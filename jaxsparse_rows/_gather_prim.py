@@ -58,9 +58,9 @@ def gather(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax
     an id is outside ``[0, N)``. Linear in ``table``; its transpose is
     :func:`sum_rows`. ``ids_sorted`` promises ascending ids (an XLA hint)."""
     table, ids = jnp.asarray(table), jnp.asarray(ids)
-    if explicit_spec(table) is not None:
-        # Sharded over explicit mesh axes (several devices, so no kernels):
-        # XLA's gather, whose sharding and transpose rules JAX knows.
+    if explicit_spec(table) is not None or explicit_spec(ids) is not None:
+        # Sharded over explicit mesh axes (sharding in types): XLA's gather,
+        # whose sharding and transpose rules JAX knows.
         return _gather_ref(table, ids, ids_sorted=ids_sorted)
     native = _use_native(table.dtype, table.shape[1:], table.shape[0], ids, add=False)
     return gather_rows_p.bind(table, ids, ids_sorted=bool(ids_sorted), native=native)
@@ -71,6 +71,8 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
     ids are summed, ids outside ``[0, n)`` dropped. Linear in ``rows``; its
     transpose is :func:`gather`."""
     rows, ids = jnp.asarray(rows), jnp.asarray(ids)
+    if explicit_spec(rows) is not None or explicit_spec(ids) is not None:
+        return _sum_ref(rows, ids, n=int(n), ids_sorted=bool(ids_sorted))
     native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
     return sum_rows_p.bind(rows, ids, n=int(n), ids_sorted=bool(ids_sorted), native=native)
 

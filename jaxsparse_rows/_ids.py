@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from . import _native
 from ._gather_prim import sum_rows
 from ._kernel_call import on_cpu
-from ._util import index_dtype, segments_of_sorted
+from ._util import index_dtype, replicated, segments_of_sorted
 
 
 def _unique_xla(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, jax.Array]:
@@ -79,7 +79,7 @@ def unique_with_slots(
       left out past the capacity.
     """
     idt = index_dtype()
-    ids = ids.astype(idt)
+    ids = replicated(ids.astype(idt))  # a sort must see every id
     if capacity == 0:
         return jnp.zeros((0,), idt), _unique_xla(ids, n_rows, 0)[1], jnp.zeros(ids.shape, idt)
     if _native_ok(ids):
@@ -101,7 +101,7 @@ def unique_rows(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, 
       caller reports it).
     """
     idt = index_dtype()
-    ids = ids.astype(idt)
+    ids = replicated(ids.astype(idt))  # a sort must see every id
     if capacity > 0 and _native_ok(ids):
         uniq, count, _ = _unique_native(ids, n_rows, capacity)
         return uniq, count
@@ -113,10 +113,10 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     ``len(sorted_ids)`` where absent or outside ``[0, n_rows)``."""
     k = sorted_ids.shape[0]
     idt = index_dtype()
-    ids = ids.astype(idt)
+    ids = replicated(ids.astype(idt))  # a sort must see every id
     if k == 0:
         return jnp.zeros(ids.shape, idt)
-    sorted_ids = sorted_ids.astype(idt)
+    sorted_ids = replicated(sorted_ids.astype(idt))
     flat = ids.reshape(-1)
     if not _native_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)

@@ -122,6 +122,14 @@ def explicit_spec(x: Any):
     return spec if spec is not None and any(a is not None for a in spec) else None
 
 
+def replicated(x: jax.Array) -> jax.Array:
+    """``x`` resharded to be replicated where it is sharded over explicit mesh
+    axes (an all-gather), else ``x``: for ids that a sort must see whole."""
+    if explicit_spec(x) is None:
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
+
+
 def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
     """Zeros ``[n, *like.shape[1:]]`` (``like``'s dtype unless given) to scatter
     rows of ``like`` into. Where ``like`` is sharded over explicit mesh axes
@@ -143,15 +151,17 @@ def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Arra
 
 
 def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
-    """``out_sharding`` for ``x[rows]`` where ``x`` is explicitly sharded (JAX
-    cannot resolve it alone): the rows' own sharding along their axes (else
-    replicated), then ``x``'s along the row's axes; ``{}`` otherwise."""
-    spec = explicit_spec(x)
-    if spec is None:
+    """``out_sharding`` for ``x[rows]`` where ``x`` or ``rows`` is explicitly
+    sharded (JAX cannot resolve it alone): the rows' own sharding along their
+    axes (else replicated), then ``x``'s along the row's axes; ``{}``
+    otherwise."""
+    spec, rows_spec = explicit_spec(x), explicit_spec(rows)
+    if spec is None and rows_spec is None:
         return {}
+    spec = tuple(spec or (None,))
     tail = tuple(spec[1:]) + (None,) * (x.ndim - 1 - len(spec[1:]))
     used = {a for a in tail if a is not None}
-    head = tuple(explicit_spec(rows) or ()) + (None,) * rows.ndim
+    head = tuple(rows_spec or ()) + (None,) * rows.ndim
     head = tuple(None if a in used else a for a in head[: rows.ndim])
     return {"out_sharding": jax.sharding.PartitionSpec(*head, *tail)}
 

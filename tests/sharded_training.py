@@ -12,18 +12,19 @@ from jax.sharding import NamedSharding
 import jaxsparse_rows as jsr
 
 ROWS = 1000
-IDS = ((1, 600), (999, 1), (3, 600))
+IDS = ((1, 600), (999, 1), (3, 600), (7, 7))
 
 
 def initial_table() -> jax.Array:
     return jnp.arange(ROWS * 8.0).reshape(ROWS, 8) / (ROWS * 8)
 
 
-def train(mesh=None, spec=None):
+def train(mesh=None, spec=None, ids_spec=None):
     """Two jitted steps (``pull_rows``, ``take``, ``value_and_grad``, lazy
     Adam, ``apply_updates``) on the table placed with ``spec`` on ``mesh``
-    (unsharded without them). Returns ``(params, state, last gradient's
-    data, a CSR product with the final table)``."""
+    (unsharded without them), and batches of ids placed with ``ids_spec``.
+    Returns ``(params, state, last gradient's data, a CSR product with the
+    final table)``."""
     opt = jsr.optim.lazy_adam(0.1)
     emb = initial_table()
     if spec is not None:
@@ -43,6 +44,8 @@ def train(mesh=None, spec=None):
         return jsr.optim.apply_updates(p, u), s, g["emb"].data
 
     ids = jnp.array(IDS)
+    if ids_spec is not None:
+        ids = jax.device_put(ids, NamedSharding(mesh, ids_spec))
     for batch in (ids, ids[::-1]):
         params, state, g_data = step(params, state, batch)
     return params, state, g_data, jax.jit(jsr.dot)(x, params["emb"])

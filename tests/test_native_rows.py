@@ -567,7 +567,9 @@ def test_explicitly_sharded_table_trains_with_xla_ops():
     ``pull_rows``, ``take``, the row-sparse gradient, a lazy Adam step and
     ``apply_updates`` resolve their shardings (the table keeps its own, the
     optimizer state is sharded like it) and give the single-device result;
-    so do the ops that scatter rows into fresh zeros (``op_cases``), in a
+    so do the ops that scatter rows into fresh zeros (``op_cases``), and a
+    replicated table trained on batches of ids sharded over the mesh (data
+    parallel: the ids are gathered whole before they are sorted). In a
     subprocess with 2 host devices."""
     code = f"""
 import os, sys
@@ -581,25 +583,29 @@ from test_native_rows import _spec
 mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
 ref = train()
 table, dense = initial_table(), jax.numpy.linspace(0.0, 1.0, 24).reshape(3, 8)
-for spec in (P("x", None), P(None, "x")):
+for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", None))):
     with jax.set_mesh(mesh):
-        got = train(mesh, spec)
+        got = train(mesh, spec, ids_spec)
         p, s, g, _ = got
-        t = jax.device_put(table, NamedSharding(mesh, spec))
-        d = jax.device_put(dense, NamedSharding(mesh, P(None, spec[1])))
-        ops = {{name: jax.jit(f)(t, d) for name, f in op_cases().items()}}
-    print(_spec(p["emb"]) == _spec(s[0].mu["emb"]) == tuple(spec),
-          _spec(g)[1] == spec[1],
+        if ids_spec is None:
+            t = jax.device_put(table, NamedSharding(mesh, spec))
+            d = jax.device_put(dense, NamedSharding(mesh, P(None, spec[1])))
+            ops = {{name: jax.jit(f)(t, d) for name, f in op_cases().items()}}
+    want = tuple(spec) + (None,) * (2 - len(spec))
+    print(_spec(p["emb"]) == _spec(s[0].mu["emb"]) == want,
+          _spec(g)[1] == want[1],
           all(np.allclose(a, b, rtol=1e-6)
               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))),
           float(np.abs(np.asarray(p["emb"]) - np.asarray(table)).max()) > 0)
-    for name, f in op_cases().items():
-        print(name, np.allclose(ops[name], jax.jit(f)(table, dense), rtol=1e-6))
+    if ids_spec is None:
+        for name, f in op_cases().items():
+            print(name, np.allclose(ops[name], jax.jit(f)(table, dense), rtol=1e-6))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.split("\n")
-    assert lines[0].split() == ["True"] * 4, proc.stdout
-    ops = [ln for ln in lines if ln and not ln.startswith("True")]
+    lines = [ln for ln in proc.stdout.split("\n") if ln]
+    runs = [ln.split() for ln in lines if ln.split()[0] in ("True", "False")]
+    assert runs == [["True"] * 4] * 3, proc.stdout
+    ops = [ln for ln in lines if ln.split()[0] not in ("True", "False")]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
