@@ -113,10 +113,12 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     ``len(sorted_ids)`` where absent or outside ``[0, n_rows)``."""
     k = sorted_ids.shape[0]
     idt = index_dtype()
-    ids = replicated(ids.astype(idt))  # a sort must see every id
+    # Replicated too: XLA's search cannot take queries sharded over explicit
+    # axes beside a whole sorted list.
+    ids = replicated(ids.astype(idt))
     if k == 0:
         return jnp.zeros(ids.shape, idt)
-    sorted_ids = replicated(sorted_ids.astype(idt))
+    sorted_ids = replicated(sorted_ids.astype(idt))  # each search reads all of it
     flat = ids.reshape(-1)
     if not _native_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)
