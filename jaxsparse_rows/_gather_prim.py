@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._util import explicit_spec, zeros_rows
+from ._util import explicit_spec, jitted_impl, zeros_rows
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -80,20 +80,8 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
 # ------------------------------------------------------------ evaluation rules
 
 
-@functools.cache
-def _compiled(prim: Primitive, params: tuple):
-    return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
-
-
-def _impl(prim):
-    def impl(*args, **params):
-        return _compiled(prim, tuple(sorted(params.items())))(*args)
-
-    return impl
-
-
-gather_rows_p.def_impl(_impl(gather_rows_p))
-sum_rows_p.def_impl(_impl(sum_rows_p))
+gather_rows_p.def_impl(jitted_impl(gather_rows_p))
+sum_rows_p.def_impl(jitted_impl(sum_rows_p))
 
 
 @gather_rows_p.def_abstract_eval

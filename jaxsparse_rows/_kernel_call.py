@@ -29,7 +29,7 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from ._util import explicit_spec
+from ._util import explicit_spec, jitted_impl
 
 kernel_call_p = Primitive("jsr_kernel_call")
 kernel_call_p.multiple_results = True
@@ -73,15 +73,6 @@ def _flat(fn: Callable, static: tuple) -> Callable:
     return flat
 
 
-@functools.cache
-def _compiled(params: tuple):
-    return jax.jit(lambda *args: kernel_call_p.bind(*args, **dict(params)))
-
-
-def _impl(*args, **params):
-    return _compiled(tuple(sorted(params.items())))(*args)
-
-
 def _abstract(*avals, native, xla, static, out_types):
     del avals, native, xla, static
     return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_types]
@@ -104,7 +95,7 @@ def _batch(args, dims, *, native, xla, static, out_types):
     return out, [0] * len(out)
 
 
-kernel_call_p.def_impl(_impl)
+kernel_call_p.def_impl(jitted_impl(kernel_call_p))
 kernel_call_p.def_abstract_eval(_abstract)
 mlir.register_lowering(kernel_call_p, _xla_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")

@@ -4,6 +4,7 @@ unique ids, slots and row coalescing is in ``_ids``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -113,6 +114,21 @@ def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = Fal
         indices_are_sorted=indices_are_sorted,
         **gathered_sharding(x, rows),
     )
+
+
+@functools.cache
+def _jitted_bind(prim: Any, params: tuple) -> Any:
+    return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+
+def jitted_impl(prim: Any) -> Any:
+    """An eager evaluation rule for ``prim``: one jitted ``prim.bind`` per set
+    of parameters (which must be hashable), compiled once per shape."""
+
+    def impl(*args, **params):
+        return _jitted_bind(prim, tuple(sorted(params.items())))(*args)
+
+    return impl
 
 
 def explicit_spec(x: Any):

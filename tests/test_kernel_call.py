@@ -9,7 +9,8 @@ import numpy as np
 from kernel_switch import needs_kernels
 
 from jaxsparse_rows import _ids, _native
-from jaxsparse_rows._kernel_call import _compiled, on_cpu
+from jaxsparse_rows._kernel_call import on_cpu
+from jaxsparse_rows._util import _jitted_bind
 
 pytestmark = needs_kernels
 
@@ -31,10 +32,10 @@ def _same(got, want):
 def test_eager_calls_reuse_one_program():
     ids = jnp.array([5, 1, 5, 9, -1, 7, 2, 0], jnp.int32)
     _same(_unique(ids), _want(ids))  # compiled here
-    before = _compiled.cache_info()
+    before = _jitted_bind.cache_info()
     for shift in range(3):
         _same(_unique(ids + shift), _want(ids + shift))
-    after = _compiled.cache_info()
+    after = _jitted_bind.cache_info()
     assert (after.misses, after.hits) == (before.misses, before.hits + 3)
 
 
