@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._util import explicit_spec, jitted_impl, zeros_rows
+from ._util import explicit_spec, fit_ids, jitted_impl, zeros_rows
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -43,7 +43,7 @@ def _sum_ref(rows, ids, *, n, ids_sorted):
     out = zeros_rows(n, rows)
     if n == 0:
         return out
-    return out.at[ids].add(
+    return out.at[fit_ids(ids, n)].add(
         rows, mode="drop", indices_are_sorted=ids_sorted, wrap_negative_indices=False
     )
 

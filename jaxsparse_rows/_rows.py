@@ -14,17 +14,11 @@ from ._ids import slots_in, unique_rows
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import capacity_check, check_static_int, is_concrete, zeros_rows
+from ._util import as_int_array, capacity_check, check_static_int, is_concrete, zeros_rows
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
-    if not isinstance(ids, jax.Array):
-        ids = np.asarray(ids)
-        if ids.size == 0 and ids.dtype == np.float64:
-            ids = ids.astype(np.int64)
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise TypeError(f"`{name}` must have an integer dtype, got {ids.dtype}.")
-    return jnp.asarray(ids)
+    return as_int_array(ids, name)
 
 
 def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:

@@ -15,6 +15,7 @@ from ._operators import SparseOperators
 from ._util import (
     ROWSPARSE_INDEXING,
     as_data,
+    as_int_array,
     broadcast_row_mask,
     capacity_check,
     check_static_int,
@@ -89,13 +90,7 @@ def _as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int
 
 
 def _as_index_array(indices: Any, name: str = "indices") -> jax.Array:
-    if not isinstance(indices, jax.Array):
-        indices = np.asarray(indices)
-        if indices.size == 0 and indices.dtype == np.float64:
-            indices = indices.astype(np.int64)  # `[]` parses as float64
-    if not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise TypeError(f"`{name}` must have an integer dtype, got {indices.dtype}.")
-    return jnp.asarray(indices, dtype=index_dtype())
+    return as_int_array(indices, name, index_dtype())
 
 
 def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices") -> int:

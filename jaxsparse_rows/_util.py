@@ -23,6 +23,30 @@ def is_concrete(*xs: Any) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
+def as_int_array(x: Any, name: str, dtype: Any = None) -> jax.Array:
+    """``x`` as an integer JAX array of ``dtype`` (default: its own dtype,
+    canonicalised), for ids and indices given by a caller.
+
+    Raises ``TypeError`` for a non-integer dtype and ``ValueError`` for a
+    concrete value that the conversion would wrap (a 64-bit id when x64 is off),
+    naming ``name``. ``[]`` (float64 to numpy) is taken as an empty int array.
+    """
+    if not isinstance(x, jax.Array):
+        x = np.asarray(x)
+        if x.size == 0 and x.dtype == np.float64:
+            x = x.astype(np.int64)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"`{name}` must have an integer dtype, got {x.dtype}.")
+    target = jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype if dtype is None else dtype))
+    if target != x.dtype and x.size and is_concrete(x):
+        host, info = np.asarray(x), np.iinfo(target)
+        bad = (host < info.min) | (host > info.max)
+        if np.any(bad):
+            hint = "" if jax.config.jax_enable_x64 else " (enable jax_enable_x64 for 64-bit ids)"
+            raise ValueError(f"`{name}` must fit in {target.name}{hint}, got {int(host[bad][0])}.")
+    return jnp.asarray(x, dtype=target)
+
+
 def shape_str(dtype: Any, shape: tuple[int, ...]) -> str:
     """``float32[6, 2]``: the compact shape notation used by reprs and errors."""
     return f"{jnp.dtype(dtype).name}[{', '.join(str(int(d)) for d in shape)}]"
@@ -99,6 +123,21 @@ def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     return seg, starts
 
 
+def fit_ids(ids: jax.Array, n: int) -> jax.Array:
+    """64-bit ``ids`` into ``[0, n]``, ids outside ``[0, n)`` becoming ``n``, as
+    int32 where ``n`` fits; other ids unchanged.
+
+    XLA's CPU gather and scatter keep only the low 32 bits of a 64-bit index
+    (``jnp.arange(10).at[2**32 + 1].get(mode="fill")`` reads element 1), so an
+    out-of-range int64 id would read or write a real row. Every gather or
+    scatter at user-given ids goes through this first.
+    """
+    if jnp.dtype(ids.dtype).itemsize <= 4:
+        return ids
+    fitted = jnp.where((ids >= 0) & (ids < n), ids, n)
+    return fitted.astype(jnp.int32) if n < np.iinfo(np.int32).max else fitted
+
+
 def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = False) -> jax.Array:
     """``x[rows]`` along axis 0 with out-of-range rows (negative ones too) reading zero.
 
@@ -107,6 +146,7 @@ def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = Fal
     x = jnp.asarray(x)
     if x.shape[0] == 0:
         return jnp.zeros(tuple(rows.shape) + tuple(x.shape[1:]), x.dtype)
+    rows = fit_ids(rows, x.shape[0])
     return x.at[rows].get(
         mode="fill",
         fill_value=0,
@@ -163,7 +203,11 @@ def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
 def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Array:
     """``jax.ops.segment_sum(data, ids, n)`` (ids outside ``[0, n)`` dropped)
     into :func:`zeros_rows`, so explicitly sharded rows keep their sharding."""
-    return zeros_rows(n, data).at[ids].add(data, mode="drop", wrap_negative_indices=False, **kw)
+    return (
+        zeros_rows(n, data)
+        .at[fit_ids(ids, n)]
+        .add(data, mode="drop", wrap_negative_indices=False, **kw)
+    )
 
 
 def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:

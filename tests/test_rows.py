@@ -255,3 +255,48 @@ def test_take_dense_negative_id_under_jit_reads_zero_not_the_last_row():
     np.testing.assert_array_equal(np.asarray(out), [[0, 0], [2, 3], [0, 0]])
     g = jax.jit(jax.grad(lambda t: jnp.sum(jsr.take(t, jnp.array([-1, 0])))))(table)
     np.testing.assert_array_equal(np.asarray(g), [[1, 1], [0, 0], [0, 0]])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_64_bit_ids_beyond_int32_read_zero_and_get_no_gradient(native):
+    """XLA's CPU gather and scatter keep only the low 32 bits of an int64 index;
+    ids like 2**32 + 1 must still read zero rows and receive no gradient (not
+    alias row 1), with the kernels on or off."""
+    from kernel_switch import kernels_set
+
+    big = [3, 2**32 + 1, -(2**32) + 2, 2**33 + 10]
+    with jax.enable_x64(True), kernels_set(native):
+        table = jnp.arange(20.0).reshape(10, 2)
+        ids = jnp.array(big, jnp.int64)
+        want = np.zeros((4, 2))
+        want[0] = [6, 7]
+        np.testing.assert_array_equal(jax.jit(jsr.take)(table, ids), want)
+        grad = jax.jit(jax.grad(lambda t, i: jnp.sum(jsr.take(t, i))))(table, ids)
+        np.testing.assert_array_equal(np.nonzero(np.asarray(grad).sum(1))[0], [3])
+        view = jax.jit(jsr.pull_rows)(table, ids)
+        np.testing.assert_array_equal(view.indices, [3, 10, 10, 10])
+        np.testing.assert_array_equal(jax.jit(jsr.take)(view, ids), want)
+        # A CSR built under jit (unchecked values) with a column id past int32.
+        csr_dot = jax.jit(lambda c: jsr.dot(jsr.CSR(jnp.ones(2), c, [0, 2], shape=(1, 10)), table))
+        np.testing.assert_array_equal(csr_dot(jnp.array([3, 2**32 + 1])), [[6, 7]])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: jsr.take(jnp.ones((10, 2)), [2**32 + 1]),
+        lambda: jsr.pull_rows(jnp.ones((10, 2)), [2**32 + 1, 3]),
+        lambda: jsr.retain(jsr.zeros("row_sparse", (10, 2)), np.array([2**40])),
+        lambda: jsr.RowSparse(jnp.ones((1, 2)), [2**32 + 1], shape=(10, 2)),
+        lambda: jsr.CSR(np.ones(1), [2**32 + 1], [0, 1], shape=(1, 10)),
+    ],
+)
+def test_ids_that_int32_would_wrap_are_an_error_not_another_row(call):
+    """With x64 off, a 64-bit id must not be wrapped into int32 (2**32 + 1 is 1)."""
+    with pytest.raises(ValueError, match=r"must fit in int32 \(enable jax_enable_x64.*got \d{10}"):
+        call()
+
+
+def test_an_id_of_2_to_the_31_is_named_as_given():
+    with pytest.raises(ValueError, match="got 2147483648"):
+        jsr.take(jnp.ones((10, 2)), [2**31])
