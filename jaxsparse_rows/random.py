@@ -56,8 +56,20 @@ def _positions(rng: np.random.Generator, total: int, k: int) -> np.ndarray:
     return np.sort(rng.choice(total, size=k, replace=False, shuffle=False).astype(np.int64))
 
 
+def _uniform(rng: np.random.Generator, shape, dtype, minval: float, maxval: float) -> np.ndarray:
+    """Uniform values in ``[minval, maxval)`` as ``dtype``: drawn in float64, then
+    kept inside the interval after rounding (a bfloat16 draw of 0.999 is 1.0)."""
+    values = rng.uniform(minval, maxval, shape).astype(dtype)
+    top, bottom = np.asarray(maxval, dtype), np.asarray(minval, dtype)
+    if float(top) >= maxval:
+        top = np.nextafter(top, np.asarray(-np.inf, dtype))
+    if float(bottom) < minval:
+        bottom = np.nextafter(bottom, np.asarray(np.inf, dtype))
+    return np.clip(values, bottom, top).astype(dtype, copy=False)
+
+
 def _values(rng: np.random.Generator, shape, dtype, minval: float, maxval: float) -> jax.Array:
-    return jnp.asarray(rng.uniform(minval, maxval, shape).astype(dtype))
+    return jnp.asarray(_uniform(rng, shape, dtype, minval, maxval))
 
 
 def csr(
@@ -153,5 +165,5 @@ def row_sparse(
     indices = np.full(cap, n, idt)
     indices[:k] = rows
     data = np.zeros((cap,) + shape[1:], dtype)
-    data[:k] = rng.uniform(minval, maxval, (k,) + shape[1:])
+    data[:k] = _uniform(rng, (k,) + shape[1:], dtype, minval, maxval)
     return RowSparse._make(jnp.asarray(data), jnp.asarray(indices), shape)

@@ -58,11 +58,22 @@ def test_positions_are_spread_uniformly():
 def test_dtypes_range_and_capacity(dtype):
     x = jsr.random.csr(jax.random.key(0), (10, 10), 0.5, dtype=dtype, minval=-2, maxval=-1)
     assert x.dtype == dtype
-    assert np.all((np.asarray(x.data, np.float32) >= -2) & (np.asarray(x.data, np.float32) <= -1))
+    assert np.all((np.asarray(x.data, np.float32) >= -2) & (np.asarray(x.data, np.float32) < -1))
     a = jsr.random.row_sparse(jax.random.key(0), (10, 3), 0.3, dtype=dtype, capacity=6)
     assert a.dtype == dtype and a.capacity == 6 and int(a.nnz_rows) == 3
     np.testing.assert_array_equal(np.asarray(a.indices)[3:], 10)
     assert not np.asarray(a.data, np.float32)[3:].any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("minval,maxval", [(0.0, 1.0), (0.1, 0.3), (-2.0, -1.0)])
+def test_values_stay_in_the_half_open_interval_after_rounding(dtype, minval, maxval):
+    """Draws near maxval must not round up to it in a narrow dtype (nor below minval)."""
+    key = jax.random.key(1)
+    x = jsr.random.csr(key, (400, 500), 0.5, dtype=dtype, minval=minval, maxval=maxval)
+    a = jsr.random.row_sparse(key, (400, 500), 0.5, dtype=dtype, minval=minval, maxval=maxval)
+    for values in (np.asarray(x.data, np.float64), np.asarray(a.data, np.float64)[:200]):
+        assert values.min() >= minval and values.max() < maxval
 
 
 def test_float64_under_x64():
