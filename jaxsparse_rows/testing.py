@@ -41,11 +41,15 @@ _TOLERANCES = {
     "float16": (2e-3, 2e-3),
     "float32": (1e-5, 1e-6),
     "float64": (1e-12, 1e-12),
+    "complex64": (1e-5, 1e-6),
+    "complex128": (1e-12, 1e-12),
 }
 
 
 def tolerance(dtype: Any) -> tuple[float, float]:
-    """``(rtol, atol)`` suitable for comparing results of one op in ``dtype``.
+    """``(rtol, atol)`` suitable for comparing results of one op in ``dtype``
+    (complex dtypes get their component float's; integer and bool dtypes are
+    compared exactly).
 
     Example:
       >>> from jaxsparse_rows import testing as jsrt
@@ -210,11 +214,21 @@ def assert_allclose(
         raise AssertionError(f"shape mismatch: actual {a.shape}, expected {e.shape}.")
     default_rtol, default_atol = tolerance(act_dtype)
     np.testing.assert_allclose(
-        a.astype(np.float64) if a.dtype.kind in "fc" or a.dtype.name == "bfloat16" else a,
-        e.astype(np.float64) if e.dtype.kind in "fc" or e.dtype.name == "bfloat16" else e,
+        _widened(a),
+        _widened(e),
         rtol=default_rtol if rtol is None else rtol,
         atol=default_atol if atol is None else atol,
     )
+
+
+def _widened(x: np.ndarray) -> np.ndarray:
+    """Floats (bfloat16 too) as float64 and complex values as complex128, for
+    comparison; other dtypes unchanged."""
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
+    if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
+        return x.astype(np.float64)
+    return x
 
 
 def assert_valid(x: Any) -> None:

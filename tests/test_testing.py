@@ -1,0 +1,73 @@
+"""jsr.testing's own assertions: they must fail where the arrays differ."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+
+
+def _rsp(values, dtype=jnp.float32):
+    return jsr.RowSparse(jnp.asarray([values], dtype), [1], shape=(3, len(values)))
+
+
+def test_assert_allclose_passes_equal_and_fails_different_values():
+    a = _rsp([1.0, 2.0])
+    jsrt.assert_allclose(a * 2, [[0, 0], [2, 4], [0, 0]], stype="row_sparse", dtype=jnp.float32)
+    with pytest.raises(AssertionError):
+        jsrt.assert_allclose(a * 2, [[0, 0], [2, 4.001], [0, 0]])
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_assert_allclose_compares_imaginary_parts(dtype):
+    with jax.enable_x64(dtype == "complex128"):
+        _compare_complex(_rsp([1 + 1j, 2 + 0j], dtype))
+
+
+def _compare_complex(a):
+    jsrt.assert_allclose(a * 2, np.array([[0, 0], [2 + 2j, 4], [0, 0]]))
+    with pytest.raises(AssertionError):
+        jsrt.assert_allclose(a * 2, np.array([[0, 0], [2 + 99j, 4 - 7j], [0, 0]]))
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128", "float32", "bfloat16"])
+def test_tolerance_accepts_one_ops_rounding(dtype):
+    """A result rounded once in ``dtype`` passes against the exact value."""
+    exact = np.array([[1 / 3 + 2j / 7, 5 / 9 - 1j / 11]])
+    if not jnp.issubdtype(dtype, jnp.complexfloating):
+        exact = exact.real
+    with jax.enable_x64(dtype == "complex128"):
+        rounded = jnp.asarray(exact, dtype)
+        rtol, atol = jsrt.tolerance(dtype)
+        assert rtol > 0 and atol > 0
+        jsrt.assert_allclose(rounded, exact)
+
+
+def test_integer_tolerance_is_exact():
+    assert jsrt.tolerance("int32") == (0.0, 0.0)
+    with pytest.raises(AssertionError):
+        jsrt.assert_allclose(jnp.array([1, 2]), np.array([1, 3]))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"stype": "csr"}, "expected storage type 'csr', got 'row_sparse'"),
+        ({"dtype": jnp.float16}, "expected dtype float16, got float32"),
+    ],
+)
+def test_assert_allclose_checks_stype_and_dtype(kwargs, match):
+    with pytest.raises(AssertionError, match=match):
+        jsrt.assert_allclose(_rsp([1.0]), [[0], [1], [0]], **kwargs)
+
+
+def test_assert_allclose_checks_shape_and_validity():
+    with pytest.raises(AssertionError, match="shape mismatch"):
+        jsrt.assert_allclose(_rsp([1.0]), [[0], [1]])
+    broken = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([1, 1]), (3, 1))
+    with pytest.raises(AssertionError, match="sorted ascending without duplicates"):
+        jsrt.assert_allclose(broken, [[0], [2], [0]])
