@@ -291,7 +291,9 @@ def fit(
       num_epochs: epochs to run.
       update_freq: epochs between snapshots (the seed's ``update_freq``).
       lazy: see :func:`corrected_gradient`.
-      callback: called as ``callback(epoch, params)`` after every epoch.
+      callback: called as ``callback(epoch, params)`` after every epoch, with
+        a copy of the parameters (the step donates its own), so that the
+        callback may keep them.
 
     Returns:
       ``(params, state)``.
@@ -317,5 +319,5 @@ def fit(
         for batch in batches:
             params, state = step(params, state, batch)
         if callback is not None:
-            callback(epoch, params)
+            callback(epoch, jax.tree.map(jnp.copy, params))
     return params, state

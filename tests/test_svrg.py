@@ -180,3 +180,17 @@ def test_full_gradient_keeps_dtype_and_sums_in_float32():
     assert mu.dtype == jnp.bfloat16
     want = -2.0 / 3 * np.mean([float(b[0]) for b in batches])  # d/dw mean over 3 entries
     np.testing.assert_allclose(np.asarray(mu, np.float32), want, rtol=1e-2)
+
+
+def test_fit_callback_may_keep_the_params_it_gets():
+    """The step donates params; the callback's copies must outlive the next epochs
+    and equal the params after each epoch."""
+    grad_fn = jax.grad(lambda w, b: jnp.mean((w - b) ** 2))
+    batches = [jnp.array([1.0]), jnp.array([3.0])]
+    kept = []
+    w, _ = jsr.svrg.fit(
+        grad_fn, optax.sgd(0.4), jnp.zeros(()), batches, 3, callback=lambda e, p: kept.append(p)
+    )
+    values = [float(p) for p in kept]  # raised "Array has been deleted" before
+    assert len(values) == 3 and values[-1] == float(w)
+    assert values[0] != values[1]
