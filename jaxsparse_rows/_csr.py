@@ -13,7 +13,17 @@ from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
 from ._rowsparse import _as_index_array, _as_shape, dense_numpy, host_dense
-from ._util import as_data, capacity_check, check_static_int, index_dtype, is_concrete, shape_str
+from ._util import (
+    as_data,
+    capacity_check,
+    check_static_int,
+    check_unbatched,
+    check_unflattened_ids,
+    index_dtype,
+    is_concrete,
+    shape_str,
+    stacked_repr,
+)
 
 
 def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
@@ -149,6 +159,7 @@ class CSR(SparseOperators):
 
     @classmethod
     def tree_unflatten(cls, shape, children):
+        check_unflattened_ids("CSR", indices=children[1], indptr=children[2])
         return cls._make(*children, shape)
 
     def __reduce__(self):
@@ -185,6 +196,10 @@ class CSR(SparseOperators):
         return self.shape[0]
 
     def __repr__(self) -> str:
+        leaves = {"data": self.data, "indices": self.indices, "indptr": self.indptr}
+        odd = stacked_repr("CSR", self.shape, leaves)
+        if odd is not None:
+            return odd
         head = shape_str(self.data.dtype, self.shape)
         if is_concrete(self.indptr) and isinstance(self.indptr, jax.Array | np.ndarray):
             nnz = int(np.asarray(self.indptr)[-1])
@@ -201,6 +216,7 @@ class CSR(SparseOperators):
           Array([[0., 1.],
                  [2., 0.]], dtype=float32)
         """
+        check_unbatched(self, "todense")
         rows = self.row_ids()
         out = jnp.zeros(self.shape, self.data.dtype)
         return out.at[rows, self.indices].add(self.data, mode="drop")

@@ -19,11 +19,14 @@ from ._util import (
     broadcast_row_mask,
     capacity_check,
     check_static_int,
+    check_unbatched,
+    check_unflattened_ids,
     gather_rows,
     index_dtype,
     is_concrete,
     segment_rows,
     shape_str,
+    stacked_repr,
     zeros_rows,
 )
 
@@ -217,6 +220,7 @@ class RowSparse(SparseOperators):
 
     @classmethod
     def tree_unflatten(cls, shape, children):
+        check_unflattened_ids("RowSparse", indices=children[1])
         return cls._make(children[0], children[1], shape)
 
     def __reduce__(self):
@@ -254,6 +258,9 @@ class RowSparse(SparseOperators):
         return self.shape[0]
 
     def __repr__(self) -> str:
+        odd = stacked_repr("RowSparse", self.shape, {"data": self.data, "indices": self.indices})
+        if odd is not None:
+            return odd
         head = shape_str(self.data.dtype, self.shape)
         if is_concrete(self.indices) and isinstance(self.indices, jax.Array | np.ndarray):
             rows = int(np.sum(np.asarray(self.indices) < self.shape[0]))
@@ -272,6 +279,7 @@ class RowSparse(SparseOperators):
                  [1, 2],
                  [0, 0]], dtype=int32)
         """
+        check_unbatched(self, "todense")
         zeros = zeros_rows(self.shape[0], self.data)
         return zeros.at[self.indices].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
 

@@ -47,6 +47,62 @@ def as_int_array(x: Any, name: str, dtype: Any = None) -> jax.Array:
     return jnp.asarray(x, dtype=target)
 
 
+def check_unflattened_ids(cls_name: str, **children: Any) -> None:
+    """Refuses index children that a ``tree_map`` over a sparse array's leaves
+    has turned into floats (``optax.scale`` multiplies every leaf, row ids
+    included), instead of building an array whose row ids are fractions.
+
+    Leaves without a dtype (``jax.tree.map(jnp.shape, x)``, vmap axis specs)
+    and ``float0`` (tangents of integer leaves) pass.
+    """
+    for name, child in children.items():
+        dtype = getattr(child, "dtype", None)
+        if dtype is None or dtype == jax.dtypes.float0:
+            continue
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise TypeError(
+                f"{cls_name} `{name}` must stay integer, got {jnp.dtype(dtype).name}: a "
+                f"function mapped over every leaf of a {cls_name} (e.g. an optax transform "
+                "such as `optax.scale` or `optax.clip`, or a dtype cast of a whole pytree) "
+                "changed its row ids. Map over `.data` only (`jsr.optim.lift_elementwise`, "
+                "`jsr.optim.scale_by_learning_rate`), or skip sparse leaves with "
+                "`is_leaf=jsr.is_sparse`."
+            )
+
+
+def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) -> str | None:
+    """The repr of a sparse array whose leaves are not one array's: stacked by
+    ``jax.vmap`` (ids with leading batch axes) or replaced by ``tree.map``
+    (``jnp.shape``, ``None``); ``None`` for an ordinary one."""
+    ids = list(leaves.values())[-1]
+    if not all(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves.values()):
+        parts = ", ".join(f"{k}={v!r}" for k, v in leaves.items())
+        return f"{cls_name}(shape={tuple(shape)}, {parts})"
+    if ids.ndim == 1:
+        return None
+    data = leaves["data"]
+    head = shape_str(data.dtype, shape)
+    if ids.ndim > 1:
+        slots = list(leaves.values())[1].shape[-1]
+        size = "capacity" if cls_name == "RowSparse" else "nse"
+        return f"{cls_name}({head}, batch={tuple(ids.shape[:-1])}, {size}={slots})"
+    parts = ", ".join(f"{k}={shape_str(v.dtype, v.shape)}" for k, v in leaves.items())
+    return f"{cls_name}({head}, {parts})"
+
+
+def check_unbatched(x: Any, what: str) -> None:
+    """Refuses a sparse array whose leaves ``jax.vmap`` stacked (its ids have
+    leading batch axes) where ``what`` needs one array."""
+    ids = x.indptr if hasattr(x, "indptr") else x.indices
+    if getattr(ids, "ndim", 1) != 1:
+        name = type(x).__name__
+        raise ValueError(
+            f"{what} needs one {name}, got a batch of shape {tuple(ids.shape[:-1])} (leaves "
+            f"stacked by jax.vmap: {repr(x)}). Map over the batch with jax.vmap, e.g. "
+            f"`jax.vmap(jsr.todense)(x)`, or pick one with `jax.tree.map(lambda a: a[i], x)`."
+        )
+
+
 def shape_str(dtype: Any, shape: tuple[int, ...]) -> str:
     """``float32[6, 2]``: the compact shape notation used by reprs and errors."""
     return f"{jnp.dtype(dtype).name}[{', '.join(str(int(d)) for d in shape)}]"

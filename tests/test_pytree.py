@@ -114,3 +114,55 @@ def test_scan_and_grad_carry():
     g = jax.grad(lambda rr: jsr.sum(rr * rr), allow_int=True)(r)
     assert isinstance(g, jsr.RowSparse)
     np.testing.assert_allclose(np.asarray(g.data), 2 * np.asarray(r.data))
+
+
+@pytest.mark.parametrize("index", [1, 3])
+def test_mapping_row_ids_to_floats_is_refused(jit_mode, index):
+    """A tree_map over every leaf (optax.scale, a whole-tree dtype cast) used to
+    build arrays with fractional row ids; unflattening now refuses them."""
+    x = arrays()[index]
+    name = type(x).__name__
+    with pytest.raises(TypeError, match=f"{name} `indices` must stay integer, got float32"):
+        jit_mode(lambda t: jax.tree.map(lambda v: v * 0.5, t))(x)
+    with pytest.raises(TypeError, match="must stay integer, got bfloat16"):
+        jax.tree.map(lambda v: v.astype(jnp.bfloat16), x)
+
+
+def test_non_array_and_float0_leaves_still_unflatten():
+    """tree.map to shapes or None, eval_shape and float0 tangents (jvp of an
+    integer leaf) are legitimate and keep working."""
+    r, c = arrays()[0], arrays()[3]
+    assert repr(jax.tree.map(jnp.shape, {"emb": r})) == (
+        "{'emb': RowSparse(shape=(6, 2), data=(3, 2), indices=(3,))}"
+    )
+    assert repr(jax.tree.map(lambda v: None, c)) == (
+        "CSR(shape=(4, 5), data=None, indices=None, indptr=None)"
+    )
+    assert repr(jax.eval_shape(lambda: r)) == "RowSparse(float32[6, 2], capacity=3)"
+    tangent = jsr.RowSparse._make(
+        jnp.ones_like(r.data), np.zeros(r.indices.shape, jax.dtypes.float0), r.shape
+    )
+    _, dout = jax.jvp(lambda x: x.todense(), (r,), (tangent,))
+    expected = np.zeros(r.shape, np.float32)
+    idx = np.asarray(r.indices)
+    expected[idx[idx < r.shape[0]]] = 1.0
+    np.testing.assert_array_equal(np.asarray(dout), expected)
+
+
+def test_arrays_stacked_by_vmap_print_their_batch_and_refuse_todense():
+    table = jnp.arange(20.0).reshape(10, 2)
+    batch = jax.vmap(lambda i: jsr.pull_rows(table, i))(jnp.array([[1, 3], [2, 2]]))
+    assert repr(batch) == "RowSparse(float32[10, 2], batch=(2,), capacity=2)"
+    with pytest.raises(
+        ValueError, match=r"todense needs one RowSparse, got a batch of shape \(2,\)"
+    ):
+        batch.todense()
+    dense = jax.vmap(jsr.todense)(batch)
+    np.testing.assert_array_equal(
+        np.asarray(dense[1]), np.asarray(jsr.pull_rows(table, [2]).todense())
+    )
+    c = arrays()[3]
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a, a]), c)
+    assert repr(stacked) == "CSR(float32[4, 5], batch=(3,), nse=9)"
+    with pytest.raises(ValueError, match=r"todense needs one CSR, got a batch of shape \(3,\)"):
+        stacked.todense()
