@@ -133,3 +133,13 @@ def test_lazy_ftrl_needs_params():
     opt = jsr.optim.lazy_ftrl()
     with pytest.raises(ValueError, match="params"):
         opt.update(jsr.RowSparse([[1.0]], [0], shape=(2, 1)), opt.init(jnp.zeros((2, 1))))
+
+
+def test_rowwise_adagrad_eps_zero_gives_a_zero_row_a_zero_update(jit_mode):
+    """A listed all-zero row with eps = 0 was 0/0 = NaN on its first touch."""
+    w = jnp.ones((4, 2))
+    opt = jsr.optim.lazy_rowwise_adagrad(1.0, eps=0.0)
+    g = jsr.RowSparse([[0.0, 0.0], [2.0, 2.0]], [0, 1], shape=(4, 2))
+    u, state = jit_mode(opt.update)(g, opt.init(w), w)
+    np.testing.assert_array_equal(np.asarray(u.data), [[0.0, 0.0], [-1.0, -1.0]])
+    np.testing.assert_array_equal(np.asarray(state[0].sum_of_squares), [0.0, 4.0, 0.0, 0.0])

@@ -119,3 +119,17 @@ def test_low_precision_params_keep_dtype(dtype):
     assert w2.dtype == dtype and state[0].mu.dtype == dtype
     expected = 1 - 0.1 * np.sign(dense)
     np.testing.assert_allclose(np.asarray(w2, np.float32), expected, atol=2e-2)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_complex_params_follow_optax_adam(lazy):
+    """optax's second moment of a complex gradient is |g|**2, not g**2."""
+    w = jnp.ones((2, 3), jnp.complex64)
+    g = jnp.asarray([[1 + 1j, 2 - 1j, 0], [0j, 3j, 1]], jnp.complex64)
+    ours, ref = jsr.optim.lazy_adam(0.1, lazy=lazy), optax.adam(0.1)
+    s, rs = ours.init(w), ref.init(w)
+    grad = jsr.RowSparse(g, [0, 1], shape=(2, 3)) if lazy else g
+    for _ in range(3):
+        u, s = ours.update(grad, s, w)
+        v, rs = ref.update(g, rs, w)
+    np.testing.assert_allclose(np.asarray(jsr.todense(u)), np.asarray(v), rtol=1e-5, atol=1e-6)

@@ -90,14 +90,17 @@ def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode):
     np.testing.assert_array_equal(np.asarray(u["a"].indices), [1, 5])
 
 
-def test_plain_optax_scale_corrupts_indices_but_lifted_does_not():
+@pytest.mark.parametrize("plain", [optax.scale(-1.0), optax.clip(0.5)])
+def test_plain_optax_elementwise_transforms_are_refused_and_lifted_work(jit_mode, plain):
+    """optax maps these over every leaf, row ids included (which became float
+    fractions before); unflattening now refuses non-integer ids, naming the fix."""
     g = jsr.RowSparse([[1.0, 2.0]], [2], shape=(4, 2))
-    bad, _ = optax.scale(-1.0).update(g, optax.scale(-1.0).init(None))
-    assert bad.indices.tolist() != [2]  # why the wrapper exists
-    tx = jsr.optim.lift_elementwise(optax.scale(-1.0))
-    u, _ = tx.update(g, tx.init(jnp.zeros((4, 2))))
+    with pytest.raises(TypeError, match="RowSparse `indices` must stay integer.*lift_elementwise"):
+        jit_mode(plain.update)(g, plain.init(None))
+    tx = jsr.optim.lift_elementwise(plain)
+    u, _ = jit_mode(tx.update)(g, tx.init(jnp.zeros((4, 2))))
     assert u.indices.tolist() == [2]
-    np.testing.assert_array_equal(np.asarray(u.data), [[-1.0, -2.0]])
+    np.testing.assert_array_equal(np.asarray(u.data), plain.update(g.data, None)[0])
 
 
 def test_lift_elementwise_decayed_weights_is_lazy(jit_mode):
@@ -230,3 +233,77 @@ def test_zero_capacity_gradient_changes_no_row(name, jit_mode):
     u, _ = jit_mode(opt.update)(g, opt.init(w), w)
     assert isinstance(u, jsr.RowSparse) and u.capacity == 0
     np.testing.assert_array_equal(np.asarray(jsr.optim.apply_updates(w, u)), np.asarray(w))
+
+
+@pytest.mark.parametrize(
+    "factory,kwargs",
+    [
+        (jsr.optim.lazy_sgd, {"momentum": 0.9}),
+        (jsr.optim.lazy_sgd, {"momentum": 0.0}),
+        (jsr.optim.lazy_sgd, {"momentum": 0.5, "nesterov": True, "weight_decay": 0.1}),
+        (jsr.optim.lazy_sgd, {"rescale_grad": 0.5, "clip_gradient": 0.3}),
+        (jsr.optim.lazy_adam, {}),
+        (jsr.optim.lazy_adamw, {"weight_decay": 0.1}),
+        (jsr.optim.lazy_adagrad, {}),
+        (jsr.optim.lazy_rowwise_adagrad, {"weight_decay": 0.1}),
+        (jsr.optim.lazy_ftrl, {}),
+    ],
+)
+def test_inject_hyperparams_under_jit_matches_the_plain_optimizer(factory, kwargs):
+    """optax.inject_hyperparams makes float arguments traced arrays under jit;
+    rules that branched on `x != 0` raised TracerBoolConversionError."""
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.normal(size=(6, 2)), jnp.float32)
+    injected = optax.inject_hyperparams(factory)(learning_rate=0.1, **kwargs)
+    plain = factory(0.1, **kwargs)
+    wi, si, wp, sp = w, injected.init(w), w, plain.init(w)
+    step_i, step_p = jax.jit(injected.update), jax.jit(plain.update)
+    for g, _, _ in grad_sequence(4, 3, 6, (2,), capacity=3):
+        ui, si = step_i(g, si, wi)
+        up, sp = step_p(g, sp, wp)
+        wi, wp = jsr.optim.apply_updates(wi, ui), jsr.optim.apply_updates(wp, up)
+    np.testing.assert_allclose(np.asarray(wi), np.asarray(wp), rtol=1e-5, atol=1e-6)
+
+
+def test_exact_sgd_under_injected_traced_hyperparams_says_to_make_them_static():
+    opt = optax.inject_hyperparams(jsr.optim.lazy_sgd, static_args=("lazy",))(
+        learning_rate=0.1, momentum=0.5, lazy="exact"
+    )
+    w = jnp.ones((3, 1))
+    g = jsr.RowSparse([[1.0]], [1], shape=(3, 1))
+    with pytest.raises(TypeError, match="needs a static `learning_rate`.*static_args"):
+        jax.jit(opt.update)(g, opt.init(w), w)
+
+
+def test_global_norm_counts_real_rows_not_row_ids(jit_mode):
+    g = {
+        "emb": jsr.RowSparse._make(
+            jnp.asarray([[3.0, 4.0], [7.0, 7.0]]), jnp.asarray([1, 5]), (5, 2)
+        ),
+        "b": jnp.asarray([0.0, 12.0]),
+        "none": None,
+    }
+    assert float(jit_mode(jsr.optim.global_norm)(g)) == pytest.approx(13.0)
+    assert float(optax.tree.norm(g)) != pytest.approx(13.0)  # why it exists
+    with jax.enable_x64(True):
+        mixed = {"a": jnp.ones(2, jnp.float64), "c": jnp.asarray([3 + 4j], jnp.complex64)}
+        norm = jit_mode(jsr.optim.global_norm)(mixed)
+        assert norm.dtype == jnp.float64 and float(norm) == pytest.approx(np.sqrt(27.0))
+    assert float(jsr.optim.global_norm({})) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["masked", "multi_transform"])
+def test_callable_masks_and_labels_written_with_is_leaf_is_sparse(kind, jit_mode):
+    """optax calls a callable mask or label fn on the updates too: with
+    `is_leaf=jsr.is_sparse` it sees one leaf per RowSparse, as documented."""
+    w = {"emb": jnp.ones((4, 2)), "b": jnp.ones(2)}
+    g = {"emb": jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2)), "b": jnp.ones(2)}
+    is_table = lambda t: jax.tree.map(lambda x: x.ndim > 1, t, is_leaf=jsr.is_sparse)  # noqa: E731
+    if kind == "masked":
+        opt = optax.masked(jsr.optim.lazy_sgd(0.5), is_table)
+    else:
+        labels = lambda t: jax.tree.map(lambda m: "t" if m else "d", is_table(t))  # noqa: E731
+        opt = optax.multi_transform({"t": jsr.optim.lazy_sgd(0.5), "d": optax.sgd(0.25)}, labels)
+    u, _ = jit_mode(opt.update)(g, opt.init(w), w)
+    np.testing.assert_array_equal(np.asarray(jsr.todense(u["emb"]))[1], [-0.5, -0.5])
+    np.testing.assert_array_equal(np.asarray(u["b"]), [1.0, 1.0] if kind == "masked" else -0.25)

@@ -95,3 +95,19 @@ def test_exact_rejects_schedule_and_bad_mode():
         jsr.optim.lazy_sgd(optax.constant_schedule(0.1), momentum=0.9, lazy="exact")
     with pytest.raises(ValueError, match="`lazy`"):
         jsr.optim.lazy_sgd(0.1, lazy="Exact")
+
+
+def test_exact_state_fields_are_found_by_optax_tree_utils():
+    """A NamedTuple like the other states: tree_get / tree_set see its fields."""
+    import optax.tree_utils as otu
+
+    w = jnp.ones((4, 2))
+    opt = jsr.optim.lazy_sgd(0.1, momentum=0.9, lazy="exact")
+    state = opt.init(w)
+    assert int(otu.tree_get(state, "count")) == 0
+    assert otu.tree_get(state, "last_step").shape == (4,)
+    moved = otu.tree_set(state, count=jnp.asarray(7, jnp.int32))
+    assert int(moved.count) == 7 and moved.hparams == state.hparams
+    assert len(jax.tree.leaves(state)) == 3  # the hyperparameters are not leaves
+    u, after = jax.jit(opt.update)(jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2)), state, w)
+    assert after.hparams == (0.1, 0.9, False, 0.0)

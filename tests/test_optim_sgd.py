@@ -116,6 +116,26 @@ def test_weight_decay_needs_params():
         opt.update(g, opt.init(jnp.zeros((2, 1))))
 
 
-def test_bad_lazy_value():
-    with pytest.raises(ValueError, match="`lazy`"):
-        jsr.optim.lazy_sgd(0.1, lazy="yes")
+@pytest.mark.parametrize("lazy", ["yes", "dense", 1, None])
+def test_bad_lazy_value_lists_every_choice(lazy):
+    with pytest.raises(ValueError, match=r"`lazy` must be one of \(True, False, 'exact'\)"):
+        jsr.optim.lazy_sgd(0.1, lazy=lazy)
+
+
+@pytest.mark.parametrize("lazy", [True, "exact"])
+@pytest.mark.parametrize("clip", [-1.0, 0, 0.0])
+def test_clip_gradient_must_be_positive(lazy, clip):
+    """MXNet's clip_gradient=-1 means off; here it clipped every element to -1."""
+    with pytest.raises(ValueError, match=r"`clip_gradient` must be > 0, or None"):
+        jsr.optim.lazy_sgd(0.1, clip_gradient=clip, lazy=lazy)
+
+
+@pytest.mark.parametrize("lazy", [True, False, "exact"])
+def test_momentum_and_weight_decay_none_mean_off_as_in_optax_sgd(lazy):
+    w = jnp.ones((3, 2))
+    g = jsr.RowSparse([[0.5, -2.0]], [1], shape=(3, 2))
+    opt = jsr.optim.lazy_sgd(0.1, momentum=None, weight_decay=None, lazy=lazy)
+    plain = jsr.optim.lazy_sgd(0.1, lazy=lazy)
+    u, _ = opt.update(g, opt.init(w), w)
+    want, _ = plain.update(g, plain.init(w), w)
+    np.testing.assert_array_equal(np.asarray(jsr.todense(u)), np.asarray(jsr.todense(want)))

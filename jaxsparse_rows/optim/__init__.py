@@ -24,6 +24,7 @@ from ._transforms import ScaleByLearningRateState as ScaleByLearningRateState
 from ._transforms import SkipNonfiniteState as SkipNonfiniteState
 from ._transforms import add_decayed_weights as add_decayed_weights
 from ._transforms import clip_by_global_norm as clip_by_global_norm
+from ._transforms import global_norm as global_norm
 from ._transforms import lift_elementwise as lift_elementwise
 from ._transforms import scale_by_learning_rate as scale_by_learning_rate
 from ._transforms import skip_nonfinite as skip_nonfinite
@@ -41,6 +42,7 @@ __all__ = [
     "apply_updates",
     "clip_by_global_norm",
     "flush",
+    "global_norm",
     "lazy_adagrad",
     "lazy_adam",
     "lazy_adamw",

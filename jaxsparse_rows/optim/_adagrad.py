@@ -15,6 +15,7 @@ from ._tree import (
     apply_rule,
     check_dense_params,
     check_like,
+    known_zero,
     map_updates,
     zeros_like_params,
 )
@@ -153,17 +154,22 @@ def scale_by_lazy_rowwise_adagrad(
             jax.tree.map(lambda p: jnp.zeros(jnp.shape(p)[:1], jnp.result_type(p)), params)
         )
 
+    decay = not known_zero(weight_decay)
+
     def rule(g, states, w):
         (acc,) = states
-        if weight_decay != 0.0:
+        if decay:
             g = g + weight_decay * w
         axes = tuple(range(1, g.ndim))
         acc = acc + jnp.mean(jnp.square(g), axis=axes)
         denom = jnp.sqrt(acc) + eps
-        return g / denom.reshape(denom.shape + (1,) * len(axes)), [acc]
+        denom = denom.reshape(denom.shape + (1,) * len(axes))
+        # A row whose accumulator is still 0 (zero gradients so far) with
+        # eps = 0 gets a zero update, not 0/0.
+        return jnp.where(denom > 0, g / jnp.where(denom > 0, denom, 1), 0), [acc]
 
     def update_fn(updates, state, params=None):
-        if weight_decay != 0.0 and params is None:
+        if decay and params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="rowwise AdaGrad with weight_decay"))
 
         def leaf(path, g, acc, p):
@@ -175,7 +181,7 @@ def scale_by_lazy_rowwise_adagrad(
                     f"row-wise accumulator has shape {tuple(jnp.shape(acc))}; expected "
                     f"{tuple(g.shape[:1])}."
                 )
-            w = p if weight_decay != 0.0 else None
+            w = p if decay else None
             u, (acc,) = apply_rule(path, g, [acc], w, rule, lazy=True, check_states=False)
             return u, acc
 

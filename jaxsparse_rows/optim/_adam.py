@@ -11,7 +11,7 @@ import optax
 
 from ._sgd import _check_lazy
 from ._transforms import add_decayed_weights, scale_by_learning_rate
-from ._tree import apply_rule, check_dense_params, map_updates, zeros_like_params
+from ._tree import abs_sq, apply_rule, check_dense_params, map_updates, zeros_like_params
 
 
 class ScaleByLazyAdamState(NamedTuple):
@@ -85,7 +85,7 @@ def scale_by_lazy_adam(
         def rule(g, states, _):
             mu, nu = states
             mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * (g**2) + b2 * nu
+            nu = (1 - b2) * abs_sq(g) + b2 * nu
             mu_hat = mu / c1.astype(mu.dtype)
             nu_hat = nu / c2.astype(nu.dtype)
             return mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps), [mu, nu]

@@ -15,9 +15,8 @@ the bits of its own ``s``: O(31) scalar work per row plus O(D) to apply.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ import optax
 from .._rowsparse import RowSparse
 from ._tree import (
     PARAMS_REQUIRED,
+    check_clip,
     check_dense_params,
     check_like,
     gather_rows,
@@ -40,9 +40,23 @@ from ._tree import (
 _BITS = 31  # counts are int32
 
 
-@dataclasses.dataclass(frozen=True)
-class ExactLazySgdState:
+class StaticHparams(tuple):
+    """A tuple of Python numbers that is a pytree node without leaves, so the
+    hyperparameters travel with the state through ``jit`` as static data."""
+
+    __slots__ = ()
+
+
+jax.tree_util.register_pytree_node(
+    StaticHparams, lambda h: ((), tuple(h)), lambda aux, _: StaticHparams(aux)
+)
+
+
+class ExactLazySgdState(NamedTuple):
     """State of ``lazy_sgd(..., lazy="exact")``.
+
+    A NamedTuple like every other state here, so ``optax.tree_utils.tree_get``
+    finds its fields by name.
 
     Attributes:
       count: the global step count (``int32``).
@@ -50,21 +64,14 @@ class ExactLazySgdState:
         ``momentum == 0``).
       last_step: per-row step number up to which each row is current (``[V]``
         ``int32`` per parameter).
-      hparams: static ``(learning_rate, momentum, nesterov, weight_decay)``,
-        used by :func:`flush`.
+      hparams: static ``(learning_rate, momentum, nesterov, weight_decay)``
+        (a tuple that is not a pytree leaf), used by :func:`flush`.
     """
 
     count: jax.Array
     trace: Any
     last_step: Any
-    hparams: tuple = dataclasses.field(metadata={"static": True})
-
-
-jax.tree_util.register_dataclass(
-    ExactLazySgdState,
-    data_fields=["count", "trace", "last_step"],
-    meta_fields=["hparams"],
-)
+    hparams: StaticHparams
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,9 +139,21 @@ def exact_lazy_sgd(
             "closed-form replay of skipped steps assumes the same step matrix every step. "
             "Use `lazy=False` with a schedule."
         )
+    values = {"learning_rate": learning_rate, "momentum": momentum}
+    values.update(weight_decay=weight_decay, rescale_grad=rescale_grad)
+    for name, value in values.items():
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f'`lazy_sgd(..., lazy="exact")` needs a static `{name}`, got a traced value: '
+                "the closed-form replay of skipped steps is computed when the optimizer is "
+                "built. Under `optax.inject_hyperparams`, list it in `static_args`."
+            )
+    check_clip(clip_gradient)
+    momentum = 0.0 if momentum is None else momentum
+    weight_decay = 0.0 if weight_decay is None else weight_decay
     lr = float(learning_rate)
     use_trace = momentum != 0.0
-    hparams = (lr, float(momentum), bool(nesterov), float(weight_decay))
+    hparams = StaticHparams((lr, float(momentum), bool(nesterov), float(weight_decay)))
     powers = _powers(lr, float(momentum), bool(nesterov), float(weight_decay))
 
     def init_fn(params):

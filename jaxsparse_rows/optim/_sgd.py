@@ -12,8 +12,11 @@ from ._transforms import scale_by_learning_rate
 from ._tree import (
     PARAMS_REQUIRED,
     apply_rule,
+    check_clip,
     check_dense_params,
     check_like,
+    known_one,
+    known_zero,
     map_updates,
     zeros_like_params,
 )
@@ -53,11 +56,12 @@ def scale_by_lazy_sgd(
         u_r = m_r                          # or g + momentum * m_r with nesterov
 
     Args:
-      momentum: momentum decay (0 disables the momentum buffer).
+      momentum: momentum decay (0 or None disables the momentum buffer).
       nesterov: Nesterov momentum, as ``optax.trace(nesterov=True)``.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
       rescale_grad: factor applied to the gradient before clipping.
-      clip_gradient: clip each gradient element to ``[-c, c]`` (None: off).
+      clip_gradient: clip each gradient element to ``[-c, c]``, ``c > 0``
+        (None: off).
       lazy: True updates only listed rows for RowSparse gradients; False
         densifies them (optax semantics).
 
@@ -75,22 +79,23 @@ def scale_by_lazy_sgd(
       (Array([[3.]], dtype=float32), Array([0., 3., 0.], dtype=float32))
     """
     _check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
-    use_trace = momentum != 0.0
+    check_clip(clip_gradient)
+    decay = not known_zero(weight_decay)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_sgd")
-        if not use_trace:
+        if known_zero(momentum):
             return ScaleByLazySgdState(trace=jax.tree.map(lambda _: None, params))
         return ScaleByLazySgdState(trace=zeros_like_params(params))
 
     def rule(g, states, w):
-        if rescale_grad != 1.0:
+        if not known_one(rescale_grad):
             g = rescale_grad * g
         if clip_gradient is not None:
             g = jnp.clip(g, -clip_gradient, clip_gradient)
-        if weight_decay != 0.0:
+        if decay:
             g = g + weight_decay * w
-        if not use_trace:
+        if not states:  # no momentum buffer (momentum 0 at init)
             return g, []
         (m,) = states
         m = momentum * m + g
@@ -98,14 +103,14 @@ def scale_by_lazy_sgd(
         return u, [m]
 
     def update_fn(updates, state, params=None):
-        if weight_decay != 0.0 and params is None:
+        if decay and params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="lazy SGD with weight_decay"))
 
         def leaf(path, g, m, p):
             states = [] if m is None else [m]
             if p is not None:
                 check_like(path, g, p)
-            w = p if weight_decay != 0.0 else None
+            w = p if decay else None
             u, new = apply_rule(path, g, states, w, rule, lazy=lazy)
             return u, (new[0] if new else None)
 
@@ -136,11 +141,12 @@ def lazy_sgd(
 
     Args:
       learning_rate: a float or an optax schedule.
-      momentum: momentum decay (0 disables the momentum buffer).
+      momentum: momentum decay (0 or None disables the momentum buffer).
       nesterov: Nesterov momentum.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
       rescale_grad: factor applied to the gradient before clipping.
-      clip_gradient: clip each gradient element to ``[-c, c]`` (None: off).
+      clip_gradient: clip each gradient element to ``[-c, c]``, ``c > 0``
+        (None: off).
       lazy: True, False or ``"exact"``.
 
     Returns:
@@ -158,8 +164,8 @@ def lazy_sgd(
              [0.96, 0.95],
              [1.  , 1.  ]], dtype=float32)
     """
-    if isinstance(lazy, str):
-        _check_lazy(lazy, ("exact",), "lazy_sgd")
+    if isinstance(lazy, str) or not isinstance(lazy, bool):
+        _check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
         from ._exact import exact_lazy_sgd
 
         return exact_lazy_sgd(

@@ -13,9 +13,11 @@ import optax
 from .._rowsparse import RowSparse
 from ._tree import (
     PARAMS_REQUIRED,
+    abs_sq,
     check_like,
     gather_rows,
     is_rowsparse,
+    known_zero,
     map_updates,
     mask_rows,
 )
@@ -114,7 +116,7 @@ def add_decayed_weights(
     """
 
     def update_fn(updates, state, params=None):
-        if weight_decay == 0.0:
+        if known_zero(weight_decay):
             return updates, state
         if params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="add_decayed_weights"))
@@ -134,13 +136,47 @@ def add_decayed_weights(
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
+def global_norm(updates: Any) -> jax.Array:
+    """The L2 norm of all leaves together, counting only real rows of RowSparse leaves.
+
+    Use it instead of ``optax.tree.norm`` (``optax.global_norm``), which would
+    also count the row ids of RowSparse leaves as values. Complex values count
+    ``|g|**2``. The sum is taken in float32, or float64 when a leaf is float64.
+
+    Args:
+      updates: a pytree of dense arrays and RowSparse leaves (``None`` leaves
+        are skipped).
+
+    Returns:
+      A scalar array.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> g = {"emb": jsr.RowSparse([[3., 4.], [0., 0.]], [1, 5], shape=(5, 2)),
+      ...      "b": jnp.zeros(2)}
+      >>> jsr.optim.global_norm(g)  # optax.tree.norm(g) counts the ids: 7.14
+      Array(5., dtype=float32)
+    """
+
+    def sq(_, u):
+        data = mask_rows(u.data, u.indices, u.shape[0]) if is_rowsparse(u) else jnp.asarray(u)
+        real = jnp.finfo(data.dtype).dtype if jnp.issubdtype(data.dtype, jnp.inexact) else None
+        dtype = jnp.promote_types(jnp.float32, real or jnp.float32)
+        return (jnp.sum(abs_sq(data).real.astype(dtype)),)
+
+    sums = jax.tree.leaves(map_updates(sq, updates, n_out=1)[0])
+    dtype = jnp.result_type(jnp.float32, *sums) if sums else jnp.float32
+    return jnp.sqrt(sum((x.astype(dtype) for x in sums), jnp.zeros([], dtype)))
+
+
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     """Clips updates to a global L2 norm, counting only real rows of RowSparse leaves.
 
     Same rule as ``optax.clip_by_global_norm``: when the norm of all leaves
-    together exceeds ``max_norm`` every leaf is multiplied by
-    ``max_norm / norm``. RowSparse leaves contribute their real rows (padding
-    slots are ignored) and are scaled on ``data`` only, keeping ``indices``.
+    together (:func:`global_norm`) exceeds ``max_norm`` every leaf is
+    multiplied by ``max_norm / norm``. RowSparse leaves contribute their real
+    rows (padding slots are ignored) and are scaled on ``data`` only, keeping
+    ``indices``.
 
     Args:
       max_norm: the largest allowed global norm.
@@ -160,14 +196,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         del params
 
-        def sq(_, u):
-            if is_rowsparse(u):
-                data = mask_rows(u.data, u.indices, u.shape[0])
-                return (jnp.sum(jnp.square(data.astype(jnp.float32))),)
-            return (jnp.sum(jnp.square(jnp.asarray(u, jnp.float32))),)
-
-        sums = jax.tree.leaves(map_updates(sq, updates, n_out=1)[0])
-        g_norm = jnp.sqrt(sum(sums, jnp.zeros([], jnp.float32)))
+        g_norm = global_norm(updates)
         trigger = g_norm < max_norm
 
         def clip(_, u):

@@ -18,6 +18,40 @@ PARAMS_REQUIRED = (
 )
 
 
+def known_zero(x: Any) -> bool:
+    """True when a hyperparameter is ``None`` or known now to be 0.
+
+    Hyperparameters injected by ``optax.inject_hyperparams`` are arrays, traced
+    under ``jit``: rules branch on this (to skip a term) instead of on
+    ``x != 0``, and a traced value takes the general path.
+    """
+    return x is None or (not isinstance(x, jax.core.Tracer) and float(x) == 0.0)
+
+
+def known_one(x: Any) -> bool:
+    """True when a factor is known now to be 1 (see :func:`known_zero`)."""
+    return not isinstance(x, jax.core.Tracer) and float(x) == 1.0
+
+
+def abs_sq(g: jax.Array) -> jax.Array:
+    """``|g|**2`` elementwise (``g * conj(g)`` for complex ``g``, as optax)."""
+    if jnp.iscomplexobj(g):
+        return (g * jnp.conj(g)).real.astype(g.dtype)
+    return jnp.square(g)
+
+
+def check_clip(clip_gradient: Any) -> None:
+    """``clip_gradient`` must be None (off) or positive; MXNet's ``-1`` (off)
+    would clip every element to ``[1, -1]``, i.e. to ``-1``."""
+    if clip_gradient is None or isinstance(clip_gradient, jax.core.Tracer):
+        return
+    if not float(clip_gradient) > 0:
+        raise ValueError(
+            f"`clip_gradient` must be > 0, or None to turn clipping off, got {clip_gradient!r} "
+            "(MXNet's `clip_gradient=-1` means off: pass None)."
+        )
+
+
 def is_rowsparse(x: Any) -> bool:
     """True for a :class:`~jaxsparse_rows.RowSparse` leaf."""
     return isinstance(x, RowSparse)
