@@ -82,8 +82,9 @@ def check(x: Any) -> None:
     Example:
       >>> import jax, jaxsparse_rows as jsr
       >>> from jax.experimental import checkify
-      >>> bad = jsr.RowSparse._make(jax.numpy.ones((2, 1)), jax.numpy.array([3, 1]), (4, 1))
-      >>> err, _ = checkify.checkify(jax.jit(jsr.check))(bad)
+      >>> def build(indices):  # under jit the constructor cannot see the values
+      ...     return jsr.check(jsr.RowSparse(jax.numpy.ones((2, 1)), indices, shape=(4, 1)))
+      >>> err, _ = checkify.checkify(jax.jit(build))(jax.numpy.array([3, 1]))
       >>> print(err.get())  # doctest: +ELLIPSIS
       RowSparse `indices` must be sorted ascending ...
     """

@@ -92,7 +92,8 @@ def _zero_preserving(fn: Callable[[jax.Array], jax.Array], name: str) -> Callabl
         return fn(x)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"""Elementwise ``jnp.{fn.__name__}``; keeps the storage type (f(0) == 0).
+    source = "jax.nn" if fn is jax.nn.relu else "jnp"
+    op.__doc__ = f"""Elementwise ``{source}.{fn.__name__}``; keeps the storage type (f(0) == 0).
 
     Example:
       >>> import jaxsparse_rows as jsr
@@ -128,6 +129,8 @@ _UNARY = {
     "relu": jax.nn.relu,
 }
 ZERO_PRESERVING_UNARY = tuple(_UNARY)
+"""Names of the unary functions with f(0) == 0 (``jsr.abs``, ``jsr.sqrt``, ...):
+on a RowSparse or CSR they map ``data`` and keep the storage type."""
 
 abs = _zero_preserving(jnp.abs, "abs")  # noqa: A001
 sign = _zero_preserving(jnp.sign, "sign")

@@ -245,8 +245,8 @@ def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
         row = int(np.searchsorted(parsed.indptr, pos, side="right") - 1)
         raise ValueError(
             f"{path}, line {int(parsed.row_lines[row])}: feature id 0 in a one-based file "
-            '(`zero_based=False`). Pass `zero_based=True` (or "auto") if the file counts '
-            "features from 0."
+            "(`zero_based=False`). Pass `zero_based=True` if the file counts features "
+            "from 0."
         )
     return parsed.ids - 1
 

@@ -53,7 +53,7 @@ def lazy_ftrl(
     rate. ``update`` needs ``params`` and returns ``w_new - w_old`` (RowSparse
     on RowSparse gradients). A zero gradient leaves ``z`` and ``n`` unchanged
     and recomputes the same weight, so from a zero start (weights and state
-    zero, as MXNet initialises FTRL models) lazy equals dense exactly.
+    zero, as MXNet initialises FTRL models) lazy equals dense up to float rounding.
 
     Args:
       learning_rate: a float or an optax schedule.
