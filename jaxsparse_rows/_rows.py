@@ -48,9 +48,12 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
         is padding (as in a padded CSR's column ids) and is ignored.
       size: static capacity of the result; default ``ids.size``, which can
         never overflow. If more than ``size`` distinct ids occur: ``ValueError``
-        when concrete; under jit a ``checkify.debug_check`` fails (it is free
-        unless the caller wraps with ``checkify.checkify(f,
-        errors=checkify.user_checks)``) and the largest ids are left out.
+        when concrete; under jit the largest ids are left out, silently unless
+        the caller wraps with ``checkify.checkify(f,
+        errors=checkify.user_checks)``, which reports it. The check is only
+        emitted when ``size`` is below both ``ids.size`` and ``V``, and makes
+        each call of the jitted function dispatch more slowly (see the ops
+        docs).
 
     Out-of-range ids (``< 0`` or ``> V``) raise when concrete; under jit they
     are treated as padding.
