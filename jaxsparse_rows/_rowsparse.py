@@ -268,6 +268,16 @@ class RowSparse(SparseOperators):
             return f"RowSparse({head}, rows={rows}{extra})"
         return f"RowSparse({head}, capacity={self.capacity})"
 
+    def __getitem__(self, key: Any) -> Any:
+        raise TypeError(
+            f"a RowSparse cannot be indexed (got x[{key!r}]). Use `jsr.take(x, ids)` for "
+            "rows as a dense array, `jsr.retain(x, rows)` for a RowSparse of some rows, or "
+            "`x.todense()[...]` for any other indexing (it builds the dense array)."
+        )
+
+    # Indexing is refused, so iteration must not fall back to x[0], x[1], ...
+    __iter__ = None
+
     # -- conversion ---------------------------------------------------------
     def todense(self) -> jax.Array:
         """The dense ``[N, D1..Dn]`` array (a scatter of ``data`` into zeros).

@@ -341,3 +341,12 @@ def test_row_count_beyond_the_index_dtype_is_refused():
         jsr.zeros("row_sparse", (2**31, 1))
     with jax.enable_x64(True):
         assert jsr.row_sparse_array(([[1.0]], [5]), shape=(2**31, 1)).shape == (2**31, 1)
+
+
+@pytest.mark.parametrize("key", [0, slice(0, 2), (0, 1), jnp.array([1])])
+def test_indexing_is_refused_with_the_ops_to_use(key):
+    x = jsr.RowSparse([[1.0, 2.0]], [1], shape=(3, 2))
+    with pytest.raises(TypeError, match=r"cannot be indexed.*jsr\.take.*jsr\.retain.*todense"):
+        x[key]
+    with pytest.raises(TypeError, match="not iterable"):
+        list(x)
