@@ -49,6 +49,7 @@ from ._elementwise import subtract as subtract
 from ._elementwise import tan as tan
 from ._elementwise import tanh as tanh
 from ._elementwise import trunc as trunc
+from ._embedding import embedding_bag as embedding_bag
 from ._interop import from_bcoo as from_bcoo
 from ._interop import from_scipy as from_scipy
 from ._interop import to_bcoo as to_bcoo
@@ -92,6 +93,7 @@ __all__ = [
     "csr_matrix",
     "deg2rad",
     "divide",
+    "embedding_bag",
     "dot",
     "expm1",
     "floor",

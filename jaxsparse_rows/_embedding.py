@@ -1,0 +1,128 @@
+"""Pooled embedding lookups (``embedding_bag``): PyTorch's
+``F.embedding_bag`` on fixed-length bags and TF's lookup combiners, built on
+:func:`~jaxsparse_rows.take`, so that the gradient with respect to a
+:func:`~jaxsparse_rows.pull_rows` view stays row-sparse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from ._rows import _as_ids, _check_id_range, take
+from ._rowsparse import RowSparse
+from ._util import is_concrete
+
+MODES = ("sum", "mean", "sqrtn", "max")
+
+
+def embedding_bag(
+    table: Any,
+    ids: ArrayLike,
+    *,
+    mode: str = "mean",
+    weights: ArrayLike | None = None,
+    padding_id: int | None = None,
+) -> jax.Array:
+    """Looks up the rows of ``table`` that each bag of ``ids`` names and pools them.
+
+    A bag is the last axis of ``ids``: ``ids`` ``[..., L]`` gives a result
+    ``[..., D1..Dn]`` for a table ``[V, D1..Dn]``. Ids equal to ``V`` (the
+    padding id of ``pull_rows`` and of padded CSR batches) or to
+    ``padding_id`` are skipped: they are not looked up, add nothing and are
+    not counted. Other ids outside ``[0, V)`` raise ``ValueError`` when
+    concrete and are skipped under ``jit``. Pooling, per bag, over the kept ids ``i``
+    with weights ``w_i`` (1 without ``weights``):
+
+    * ``"sum"``: ``sum_i w_i * table[i]``;
+    * ``"mean"``: ``sum_i w_i * table[i] / sum_i w_i`` (PyTorch's mean, TF's
+      ``"mean"`` combiner with weights);
+    * ``"sqrtn"``: ``sum_i w_i * table[i] / sqrt(sum_i w_i**2)`` (TF's combiner);
+    * ``"max"``: elementwise max over the kept rows (no ``weights``).
+
+    A bag with nothing kept (or zero total weight) pools to zeros, as in PyTorch.
+
+    ``table`` may be dense or a RowSparse view from :func:`pull_rows`; with a
+    view, differentiate with :func:`jsr.value_and_grad
+    <jaxsparse_rows.value_and_grad>` for a row-sparse gradient. Build the view
+    without the padding row (``pull_rows`` ignores the id ``V``; for another
+    ``padding_id`` pull ``jnp.where(ids == padding_id, V, ids)``): a row the
+    view lists is touched by the lazy optimizers even when its gradient is 0.
+
+    Args:
+      table: dense ``[V, D1..Dn]`` array or a RowSparse of that shape.
+      ids: integer ids ``[..., L]``: one bag per index of the leading axes.
+      mode: ``"sum"``, ``"mean"`` (default, as PyTorch), ``"sqrtn"`` or ``"max"``.
+      weights: per-id weights shaped like ``ids`` (PyTorch's
+        ``per_sample_weights``), for every mode but ``"max"``.
+      padding_id: an id to skip (PyTorch's ``padding_idx``), besides the
+        out-of-range ids.
+
+    Returns:
+      The pooled rows, ``[*ids.shape[:-1], D1..Dn]``, in ``table``'s dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> table = jnp.arange(8.).reshape(4, 2)
+      >>> ids = jnp.array([[1, 3, 4], [2, 4, 4]])  # 4 == V: padding
+      >>> jsr.embedding_bag(table, ids, mode="mean")
+      Array([[4., 5.],
+             [4., 5.]], dtype=float32)
+      >>> jsr.embedding_bag(table, ids, mode="sum", weights=jnp.array([[1., .5, 9.], [2., 0., 0.]]))
+      Array([[ 5. ,  6.5],
+             [ 8. , 10. ]], dtype=float32)
+    """
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+    ids = _as_ids(ids)
+    if ids.ndim == 0:
+        raise ValueError("`ids` must have at least one axis (the bag axis, last), got a scalar.")
+    if not isinstance(table, RowSparse):
+        table = jnp.asarray(table)
+        if table.ndim == 0:
+            raise ValueError("`table` must be at least 1-D (rows first), got a scalar.")
+    n = table.shape[0]
+    keep = (ids >= 0) & (ids < n)
+    if padding_id is not None:
+        if isinstance(padding_id, jax.core.Tracer) or not float(padding_id).is_integer():
+            raise TypeError(f"`padding_id` must be a Python int, got {padding_id!r}.")
+        keep = keep & (ids != int(padding_id))
+    if is_concrete(ids):
+        host = np.asarray(ids)
+        if padding_id is not None:
+            host = np.where(host == int(padding_id), n, host)
+        _check_id_range(host, n, "ids")
+    # Skipped ids become V: not looked up, so they get no gradient entry.
+    rows = take(table, jnp.where(keep, ids, n))  # [..., L, D1..Dn]
+    row_axes = (1,) * (rows.ndim - ids.ndim)
+    dtype = rows.dtype
+    if mode == "max":
+        if weights is not None:
+            raise ValueError('`weights` are not defined for mode="max"; pass weights=None.')
+        lowest = jnp.array(
+            -jnp.inf if jnp.issubdtype(dtype, jnp.inexact) else jnp.iinfo(dtype).min, dtype
+        )
+        masked = jnp.where(keep.reshape(keep.shape + row_axes), rows, lowest)
+        pooled = jnp.max(masked, axis=ids.ndim - 1, initial=lowest)
+        any_kept = jnp.any(keep, axis=-1)
+        return jnp.where(any_kept.reshape(any_kept.shape + row_axes), pooled, jnp.zeros((), dtype))
+    if weights is None:
+        w = keep.astype(dtype)
+    else:
+        weights = jnp.asarray(weights)
+        if weights.shape != ids.shape:
+            raise ValueError(
+                f"`weights` must have the shape of `ids` {tuple(ids.shape)}, got "
+                f"{tuple(weights.shape)}."
+            )
+        w = jnp.where(keep, weights, 0).astype(dtype)
+    total = jnp.sum(rows * w.reshape(w.shape + row_axes), axis=ids.ndim - 1)
+    if mode == "sum":
+        return total
+    norm = jnp.sum(w, axis=-1) if mode == "mean" else jnp.sqrt(jnp.sum(w * w, axis=-1))
+    norm = norm.reshape(norm.shape + row_axes)
+    safe = jnp.where(norm != 0, norm, jnp.ones((), dtype))
+    return jnp.where(norm != 0, total / safe, jnp.zeros((), dtype))

@@ -1,0 +1,193 @@
+"""embedding_bag against a numpy oracle, eager and jitted, on dense tables and
+pull_rows views; its gradient with respect to a view is row-sparse."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
+
+MODES = ["sum", "mean", "sqrtn", "max"]
+
+
+def oracle(table, ids, mode, weights=None, padding_id=None):
+    """Per bag, in float64: skip ids outside [0, V) and padding_id."""
+    table = np.asarray(table, np.float64)
+    ids = np.asarray(ids)
+    v, row = table.shape[0], table.shape[1:]
+    flat = ids.reshape(int(np.prod(ids.shape[:-1])), ids.shape[-1])
+    w_flat = None if weights is None else np.asarray(weights, np.float64).reshape(flat.shape)
+    out = np.zeros((flat.shape[0],) + row)
+    for b, bag in enumerate(flat):
+        kept = [j for j, i in enumerate(bag) if 0 <= i < v and i != padding_id]
+        if not kept:
+            continue
+        rows = table[bag[kept]]
+        w = np.ones(len(kept)) if w_flat is None else w_flat[b, kept]
+        wr = w.reshape((-1,) + (1,) * len(row))
+        if mode == "max":
+            out[b] = rows.max(axis=0)
+        elif mode == "sum":
+            out[b] = (wr * rows).sum(axis=0)
+        else:
+            norm = w.sum() if mode == "mean" else np.sqrt((w * w).sum())
+            out[b] = (wr * rows).sum(axis=0) / norm if norm != 0 else 0.0
+    return out.reshape(ids.shape[:-1] + row)
+
+
+def _table(rng, shape, dtype=jnp.float32):
+    return jnp.asarray(rng.integers(-8, 8, size=shape) / 4).astype(dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize(
+    "table_shape,ids_shape",
+    [((10, 3), (4, 5)), ((10, 2, 3), (6,)), ((7,), (2, 3, 4)), ((5, 2), (3, 0)), ((5, 2), (0, 4))],
+)
+def test_matches_oracle_on_dense_tables_and_views(jit_mode, mode, dtype, table_shape, ids_shape):
+    rng = np.random.default_rng(0)
+    table = _table(rng, table_shape, dtype)
+    v = table_shape[0]
+    ids = jnp.asarray(rng.integers(0, v + 1, size=ids_shape), jnp.int32)  # v: padding
+    want = oracle(table, ids, mode)
+    view = jsr.pull_rows(table, ids)
+    for t in (table, view):
+        got = jit_mode(lambda t, i: jsr.embedding_bag(t, i, mode=mode))(t, ids)
+        assert got.dtype == dtype and got.shape == want.shape
+        jsrt.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "sqrtn"])
+def test_weights_and_padding_id(jit_mode, mode):
+    rng = np.random.default_rng(1)
+    table = _table(rng, (9, 4))
+    ids = (
+        jnp.asarray(rng.integers(0, 9, size=(5, 6)), jnp.int32).at[0].set(2)
+    )  # bag 0: padding only
+    weights = (
+        jnp.asarray(rng.uniform(-1, 2, size=(5, 6)), jnp.float32).at[3].set(0.0)
+    )  # zero weight
+    fn = jit_mode(lambda t, i, w: jsr.embedding_bag(t, i, mode=mode, weights=w, padding_id=2))
+    got = fn(table, ids, weights)
+    want = oracle(table, ids, mode, weights, padding_id=2)
+    jsrt.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[0]), 0.0)  # nothing kept: zeros
+    np.testing.assert_array_equal(np.asarray(got[3]), 0.0)
+
+
+def test_max_ignores_skipped_ids_even_when_their_rows_are_larger():
+    table = jnp.array([[9.0, 9.0], [-1.0, -3.0], [-2.0, 5.0]])
+    ids = jnp.array([[1, 2, 0], [0, 3, 3]])  # 0 is padding_id, 3 == V
+    got = jsr.embedding_bag(table, ids, mode="max", padding_id=0)
+    np.testing.assert_array_equal(np.asarray(got), [[-1.0, 5.0], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_wrt_a_view_is_row_sparse_and_equals_the_dense_gradient(mode):
+    rng = np.random.default_rng(2)
+    v = 12
+    table = _table(rng, (v, 3)) + jnp.asarray(rng.normal(size=(v, 3)) * 1e-3, jnp.float32)
+    ids = jnp.asarray(rng.integers(0, v, size=(4, 5)), jnp.int32).at[1, 2].set(v)
+    ids = ids.at[2].set(5)  # a bag of padding only (padding_id 5)
+    weights = None if mode == "max" else jnp.asarray(rng.uniform(0.5, 2, (4, 5)), jnp.float32)
+    target = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)
+
+    def loss(t):
+        pooled = jsr.embedding_bag(t, ids, mode=mode, weights=weights, padding_id=5)
+        return jnp.sum((pooled - target) ** 2)
+
+    dense_grad = jax.grad(loss)(table)
+    view = jsr.pull_rows(table, jnp.where(ids == 5, v, ids))  # no padding row listed
+    grad = jax.jit(jsr.grad(loss))(view)
+    assert isinstance(grad, jsr.RowSparse) and grad.capacity == view.capacity
+    assert 5 not in np.asarray(grad.indices).tolist()
+    jsrt.assert_allclose(grad, dense_grad, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(dense_grad[5]), 0.0)
+
+
+def test_no_dense_table_sized_intermediate_in_the_view_gradient():
+    v = 10**8
+    view = jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((16,), jnp.int32)
+
+    def grad_of(data, indices):
+        rsp = jsr.RowSparse(data, indices, shape=(v, 8))
+        ids = jnp.arange(16).reshape(4, 4)
+        return jsr.grad(lambda r: jnp.sum(jsr.embedding_bag(r, ids, mode="mean")))(rsp).data
+
+    jaxpr = jax.make_jaxpr(grad_of)(*view)
+    sizes = [a.aval.size for e in jaxpr.eqns for a in e.outvars if hasattr(a.aval, "size")]
+    assert max(sizes) < 10**4
+
+
+@given(
+    v=st.integers(1, 8),
+    bags=st.integers(0, 4),
+    length=st.integers(0, 5),
+    mode=st.sampled_from(MODES),
+    weighted=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property(v, bags, length, mode, weighted, seed):
+    rng = np.random.default_rng(seed)
+    table = _table(rng, (v, 2))
+    ids = jnp.asarray(rng.integers(0, v + 1, size=(bags, length)), jnp.int32)
+    weights = None
+    if weighted and mode != "max":
+        weights = jnp.asarray(rng.integers(0, 3, size=(bags, length)), jnp.float32)
+    got = jsr.embedding_bag(table, ids, mode=mode, weights=weights)
+    jsrt.assert_allclose(got, oracle(table, ids, mode, weights), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"mode": "avg"}, ValueError, r"`mode` must be one of \('sum', 'mean', 'sqrtn', 'max'\)"),
+        ({"mode": "max", "weights": jnp.ones((2, 3))}, ValueError, "`weights` are not defined"),
+        (
+            {"weights": jnp.ones((3, 2))},
+            ValueError,
+            r"`weights` must have the shape of `ids` \(2, 3\)",
+        ),
+        ({"padding_id": 1.5}, TypeError, "`padding_id` must be a Python int"),
+        ({"ids": jnp.array([[0.0, 1.0]])}, TypeError, "`ids` must have an integer dtype"),
+        ({"ids": jnp.array(1)}, ValueError, "`ids` must have at least one axis"),
+        ({"ids": jnp.array([[0, 7]])}, ValueError, r"`ids` must lie in \[0, 5\).*got 7"),
+        ({"table": jnp.float32(1.0)}, ValueError, "`table` must be at least 1-D"),
+    ],
+)
+def test_bad_input(kwargs, exc, match):
+    args = {"table": jnp.ones((5, 2)), "ids": jnp.array([[0, 1, 2], [3, 4, 4]])}
+    args.update(kwargs)
+    table, ids = args.pop("table"), args.pop("ids")
+    with pytest.raises(exc, match=match):
+        jsr.embedding_bag(table, ids, **args)
+
+
+def test_padding_id_skips_out_of_range_checks_only_for_itself():
+    table = jnp.ones((5, 2))
+    np.testing.assert_array_equal(
+        np.asarray(jsr.embedding_bag(table, jnp.array([[0, 2, 2]]), mode="sum", padding_id=2)),
+        [[1.0, 1.0]],
+    )
+    with pytest.raises(ValueError, match="got -1"):
+        jsr.embedding_bag(table, jnp.array([[0, -1]]), padding_id=2)
+    # Under jit out-of-range ids are skipped.
+    out = jax.jit(lambda i: jsr.embedding_bag(table, i, mode="sum"))(jnp.array([[0, -1, 9]]))
+    np.testing.assert_array_equal(np.asarray(out), [[1.0, 1.0]])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_skipped_ids_are_not_looked_up_so_their_rows_cannot_poison_the_pool(mode):
+    """A padding row holding inf (or NaN) must not reach the result: 0 * inf is NaN."""
+    table = jnp.array([[jnp.inf, jnp.nan], [1.0, 2.0], [3.0, 4.0]])
+    ids = jnp.array([[0, 1, 2, 0]])
+    got = jax.jit(lambda t: jsr.embedding_bag(t, ids, mode=mode, padding_id=0))(table)
+    assert np.all(np.isfinite(np.asarray(got)))
+    jsrt.assert_allclose(got, oracle(table, ids, mode, padding_id=0))
