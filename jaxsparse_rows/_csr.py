@@ -45,7 +45,7 @@ def _unpickle(data, indices, indptr, shape) -> CSR:
     return CSR._make(jnp.asarray(data), jnp.asarray(indices), jnp.asarray(indptr), shape)
 
 
-def _validate_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
+def _validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
     m, n = shape
     nse = len(indices)
     if indptr[0] != 0:
@@ -82,7 +82,7 @@ def _validate_csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, sha
                 f"padding slots past indptr[-1] = {nnz} must carry column id {n} (the column "
                 f"count), got {indices[nnz:].tolist()}."
             )
-        if np.any(data[nnz:] != 0):
+        if data is not None and np.any(data[nnz:] != 0):
             raise ValueError(f"padding slots past indptr[-1] = {nnz} must hold zero `data`.")
 
 
@@ -127,9 +127,10 @@ class CSR(SparseOperators):
         shape = _as_shape(shape, index_dims=2)
         if len(shape) != 2:
             raise ValueError(f"CSR `shape` must be 2-D (M, K), got {shape}.")
-        data = as_data(data)
-        indices = _as_index_array(indices, "indices")
-        indptr = _as_index_array(indptr, "indptr")
+        # Host input stays numpy until validated (see RowSparse.__init__).
+        data = as_data(data, host=True)
+        indices = _as_index_array(indices, "indices", host=True)
+        indptr = _as_index_array(indptr, "indptr", host=True)
         if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
             raise ValueError(
                 "CSR `data`, `indices` and `indptr` must be 1-D, got shapes "
@@ -144,9 +145,15 @@ class CSR(SparseOperators):
             raise ValueError(
                 f"`indptr` must have M + 1 = {shape[0] + 1} entries, got {indptr.shape[0]}."
             )
-        if is_concrete(data, indices, indptr):
-            _validate_csr(np.asarray(data), np.asarray(indices), np.asarray(indptr), shape)
-        self.data, self.indices, self.indptr, self.shape = data, indices, indptr, shape
+        if is_concrete(indices, indptr):
+            host_data = np.asarray(data) if is_concrete(data) else None
+            _validate_csr(host_data, np.asarray(indices), np.asarray(indptr), shape)
+        self.data, self.indices, self.indptr = (
+            jnp.asarray(data),
+            jnp.asarray(indices),
+            jnp.asarray(indptr),
+        )
+        self.shape = shape
 
     @classmethod
     def _make(cls, data, indices, indptr, shape) -> CSR:
@@ -217,6 +224,8 @@ class CSR(SparseOperators):
                  [2., 0.]], dtype=float32)
         """
         check_unbatched(self, "todense")
+        if self.data.dtype == jnp.bool_:  # XLA's scatter-add rejects bool
+            return self.astype(jnp.int32).todense() != 0
         rows = self.row_ids()
         out = jnp.zeros(self.shape, self.data.dtype)
         return out.at[rows, self.indices].add(self.data, mode="drop")
@@ -391,10 +400,12 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     data, indices, indptr = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
-    data = as_data(data, dtype)
-    indices = _as_index_array(indices, "indices")
-    indptr = _as_index_array(indptr, "indptr")
-    if not is_concrete(data, indices, indptr) or len(shape) != 2 or indptr.ndim != 1:
+    # Host input stays numpy: under jit only `data` may be traced, and the
+    # structure is still checked and canonicalised on the host.
+    data = as_data(data, dtype, host=True)
+    indices = _as_index_array(indices, "indices", host=True)
+    indptr = _as_index_array(indptr, "indptr", host=True)
+    if not is_concrete(indices, indptr) or len(shape) != 2 or indptr.ndim != 1:
         return CSR(data, indices, indptr, shape)
     ip = np.asarray(indptr)
     if ip.shape[0] != shape[0] + 1 or ip[0] != 0 or np.any(np.diff(ip) < 0):
@@ -408,15 +419,18 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     ):
         return CSR(data, indices, indptr, shape)
     cols = np.asarray(indices)[:nnz].astype(np.int64)
-    vals = np.asarray(data)[:nnz]
+    vals = np.asarray(data)[:nnz] if is_concrete(data) else data[:nnz]
     if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
         bad = int(cols[(cols < 0) | (cols >= shape[1])][0])
         raise ValueError(f"`indices` (column ids) must lie in [0, {shape[1]}), got {bad}.")
     rows = np.repeat(np.arange(shape[0]), np.diff(ip))
     key = rows * shape[1] + cols
     uniq, inverse = np.unique(key, return_inverse=True)
-    summed = np.zeros(len(uniq), vals.dtype)
-    np.add.at(summed, inverse.reshape(-1), vals)
+    if isinstance(vals, np.ndarray):
+        summed = np.zeros(len(uniq), vals.dtype)
+        np.add.at(summed, inverse.reshape(-1), vals)
+    else:  # traced values: the same sum of duplicates, as a segment sum
+        summed = jax.ops.segment_sum(vals, inverse.reshape(-1), num_segments=len(uniq))
     new_rows, new_cols = uniq // shape[1], uniq % shape[1]
     idt = index_dtype()
     new_ptr = np.zeros(shape[0] + 1, idt)

@@ -17,7 +17,7 @@ from ._ids import coalesce_rows, slots_in
 from ._kernel_call import on_cpu
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
-from ._storage import stype
+from ._storage import bool_via_int, operand_dtype, stype
 from ._util import gather_rows, index_dtype, segment_rows
 
 
@@ -86,6 +86,12 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
         lhs = jnp.asarray(lhs)
     if sr == "default":
         rhs = jnp.asarray(rhs)
+    if sl != sr and jnp.result_type(operand_dtype(lhs), operand_dtype(rhs)) == jnp.bool_:
+        # A product of bools sums with logical or (as jnp.dot); XLA's segment
+        # sums and the kernels take numbers.
+        return bool_via_int(
+            lambda x, y: dot(x, y, transpose_a=transpose_a, transpose_b=transpose_b), lhs, rhs
+        )
     ls = _matrix_shape(lhs, transpose_a, "lhs")
     rs = _matrix_shape(rhs, transpose_b, "rhs")
     _check_inner(ls, rs, transpose_a, transpose_b)

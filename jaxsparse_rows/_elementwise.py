@@ -36,7 +36,7 @@ from ._csr import CSR
 from ._ids import coalesce_rows, slots_in
 from ._row_moves import scatter_sorted_rows
 from ._rowsparse import RowSparse
-from ._storage import apply_dense, is_sparse, stype
+from ._storage import apply_dense, bool_via_int, is_sparse, operand_dtype, stype
 from ._util import (
     broadcast_row_mask,
     gather_rows,
@@ -235,30 +235,44 @@ def add(a: Any, b: Any) -> Any:
       >>> (a + b).indices, jsr.stype(a + jnp.ones((3, 2)))
       (Array([1, 2], dtype=int32), 'default')
     """
+    return _add(a, b, "add")
+
+
+def _add(a: Any, b: Any, name: str) -> Any:
+    """:func:`add`, naming ``name`` (``subtract`` routes here) in errors and logs."""
     sa, sb = stype(a), stype(b)
     if sa == sb == "default":
         return jnp.add(a, b)
+    if _bool_operands(a, b):
+        return bool_via_int(lambda x, y: _add(x, y, name), a, b)
     if sa == sb == "row_sparse":
-        _same_shape("add", a, b)
-        log_inference("add", (sa, sb), "row_sparse")
+        _same_shape(name, a, b)
+        log_inference(name, (sa, sb), "row_sparse")
         ids = jnp.concatenate([a.indices, b.indices])
         dtype = jnp.result_type(a.data, b.data)
         data = jnp.concatenate([a.data.astype(dtype), b.data.astype(dtype)])
         idx, summed, _ = coalesce_rows(ids, data, a.shape[0], a.capacity + b.capacity)
         return RowSparse._make(summed, idx, a.shape)
     if sa == sb == "csr":
-        _same_shape("add", a, b)
-        log_inference("add", (sa, sb), "csr")
+        _same_shape(name, a, b)
+        log_inference(name, (sa, sb), "csr")
         return _csr_union_add(a, b)
     if sa == "default" or sb == "default":
         if _is_scalar(a) or _is_scalar(b):
             return apply_dense(jnp.add, a, b)
         sparse, dense = (a, b) if sb == "default" else (b, a)
         dense = jnp.asarray(dense)
-        log_inference("add", (sa, sb), "default")
+        log_inference(name, (sa, sb), "default")
         return _scatter_add_dense(sparse, dense)
-    warn_fallback("add", (sa, sb))
+    warn_fallback(name, (sa, sb))
     return jnp.add(a.todense(), b.todense())
+
+
+def _bool_operands(a: Any, b: Any) -> bool:
+    """True when ``a + b`` is a sum of bools (logical or) on a sparse operand."""
+    if _is_scalar(a) or _is_scalar(b):
+        return False
+    return jnp.result_type(operand_dtype(a), operand_dtype(b)) == jnp.bool_
 
 
 def subtract(a: Any, b: Any) -> Any:
@@ -274,7 +288,17 @@ def subtract(a: Any, b: Any) -> Any:
         return jnp.subtract(a, b)
     if _is_scalar(a) or _is_scalar(b):
         return apply_dense(jnp.subtract, a, b)
-    return add(a, negative(b))
+    if not is_sparse(b):
+        b = jnp.asarray(b)
+    # Promote before negating: -b in b's own dtype wraps unsigned values
+    # (float32 - uint8 gave 255 for -1) and does not exist for bool.
+    dtype = jnp.result_type(operand_dtype(a), operand_dtype(b))
+    if dtype == jnp.bool_:
+        raise TypeError(
+            "`a - b` of bool operands is not defined (as in numpy and jax.numpy); use "
+            "`jnp.logical_xor` on dense arrays, or cast with `.astype`."
+        )
+    return _add(a, negative(b.astype(dtype)), "subtract")
 
 
 # -- kernels -------------------------------------------------------------------

@@ -70,6 +70,12 @@ class SparseOperators:
 
         return power(self, other)
 
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return _compare("equal", self, other)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return _compare("not_equal", self, other)
+
     def __matmul__(self, other: Any) -> Any:
         from ._dot import dot
 
@@ -79,3 +85,23 @@ class SparseOperators:
         from ._dot import dot
 
         return dot(other, self)
+
+
+def _compare(name: str, a: Any, b: Any) -> Any:
+    """Elementwise ``==`` / ``!=`` as jax.numpy and numpy do (and MXNet's sparse
+    arrays): the dense bool result, through the storage fallback (with its
+    warning), since zeros compare equal to zeros. ``None`` and objects that
+    are not arrays compare by identity, as Python's default."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ._storage import apply_dense
+
+    if b is None or not (
+        hasattr(b, "shape") or isinstance(b, int | float | complex | bool | list | tuple)
+    ):
+        return NotImplemented
+    fn = jnp.equal if name == "equal" else jnp.not_equal
+    if isinstance(b, list | tuple):
+        b = np.asarray(b)
+    return apply_dense(fn, a, b)

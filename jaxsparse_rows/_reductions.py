@@ -95,4 +95,6 @@ def norm(x: Any) -> jax.Array:
       Array(5., dtype=float32)
     """
     data = x.data if is_sparse(x) else jnp.asarray(x)
-    return jnp.sqrt(jnp.sum(jnp.square(data)))
+    # As jnp.linalg.norm: |x| for complex, a float result for integers, and
+    # no overflow of the squares in float16.
+    return jnp.linalg.norm(data.reshape(-1))

@@ -124,6 +124,8 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
     if isinstance(x, CSR):
         raise TypeError("`take` needs a RowSparse or dense `x`; use `x[a:b]` to slice CSR rows.")
     x = jnp.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("`x` must be at least 1-D (rows first), got a scalar.")
     _check_id_range(ids, x.shape[0], "ids")
     return gather_any_rows(x, ids)
 

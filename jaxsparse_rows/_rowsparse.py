@@ -92,8 +92,8 @@ def _as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int
     return out
 
 
-def _as_index_array(indices: Any, name: str = "indices") -> jax.Array:
-    return as_int_array(indices, name, index_dtype())
+def _as_index_array(indices: Any, name: str = "indices", *, host: bool = False) -> Any:
+    return as_int_array(indices, name, index_dtype(), host=host)
 
 
 def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices") -> int:
@@ -177,8 +177,10 @@ class RowSparse(SparseOperators):
         shape = _as_shape(shape)
         if len(shape) < 1:
             raise ValueError("`shape` must have at least one dimension (the rows), got ().")
-        data = as_data(data)
-        indices = _as_index_array(indices)
+        # Host input stays numpy until validated: under jit, jnp.asarray would
+        # turn it into a tracer whose values could not be checked.
+        data = as_data(data, host=True)
+        indices = _as_index_array(indices, host=True)
         if data.ndim != len(shape):
             raise ValueError(
                 f"`data` must have ndim == len(shape) = {len(shape)} ([k, D1..Dn]), got "
@@ -201,8 +203,8 @@ class RowSparse(SparseOperators):
             if n_real < data.shape[0] and is_concrete(data):
                 if np.any(np.asarray(data)[n_real:] != 0):
                     raise ValueError("padding slots (id N) must hold zero `data`.")
-        self.data = data
-        self.indices = indices
+        self.data = jnp.asarray(data)
+        self.indices = jnp.asarray(indices)
         self.shape = shape
 
     @classmethod

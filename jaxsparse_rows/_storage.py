@@ -108,6 +108,35 @@ def _csr_to_rowsparse(x: CSR) -> RowSparse:
     return RowSparse._make(dense_rows, rows, x.shape)
 
 
+def bool_via_int(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn`` on bool operands: runs it on int32 casts and returns ``!= 0`` as
+    bool, dense or sparse like the result.
+
+    numpy's sums of bools are logical or (``True + True`` is ``True``), while
+    XLA's scatter-add and segment sums reject bool; a count of one or more
+    is ``True``, which is the same thing.
+    """
+
+    def up(x: Any) -> Any:
+        return x.astype(jnp.int32) if isinstance(x, RowSparse | CSR) else jnp.asarray(x, jnp.int32)
+
+    out = fn(*(up(a) for a in args))
+    if isinstance(out, RowSparse):
+        return RowSparse._make(out.data != 0, out.indices, out.shape)
+    if isinstance(out, CSR):
+        return CSR._make(out.data != 0, out.indices, out.indptr, out.shape)
+    return out != 0
+
+
+def operand_dtype(x: Any) -> Any:
+    """The dtype an operand takes part in promotion with (``x.data`` for sparse)."""
+    if isinstance(x, RowSparse | CSR):
+        return x.data
+    return (
+        x if hasattr(x, "dtype") or isinstance(x, int | float | complex | bool) else np.asarray(x)
+    )
+
+
 def cast_storage(x: Any, stype: str) -> Any:
     """Converts ``x`` to storage type ``stype`` (``"default"``, ``"row_sparse"``, ``"csr"``).
 
@@ -131,6 +160,8 @@ def cast_storage(x: Any, stype: str) -> Any:
         return x
     if stype == "default":
         return x.todense()
+    if src != "default" and x.dtype == jnp.bool_:
+        return bool_via_int(lambda y: cast_storage(y, stype), x)
     if src == "default":
         x = jnp.asarray(x)
         if not is_concrete(x):

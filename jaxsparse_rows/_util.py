@@ -23,13 +23,15 @@ def is_concrete(*xs: Any) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
-def as_int_array(x: Any, name: str, dtype: Any = None) -> jax.Array:
+def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) -> Any:
     """``x`` as an integer JAX array of ``dtype`` (default: its own dtype,
     canonicalised), for ids and indices given by a caller.
 
     Raises ``TypeError`` for a non-integer dtype and ``ValueError`` for a
     concrete value that the conversion would wrap (a 64-bit id when x64 is off),
     naming ``name``. ``[]`` (float64 to numpy) is taken as an empty int array.
+    With ``host=True`` host input comes back as a numpy array, so that its
+    values can be checked inside ``jit`` too (``jnp.asarray`` would trace it).
     """
     if not isinstance(x, jax.Array):
         x = np.asarray(x)
@@ -39,11 +41,15 @@ def as_int_array(x: Any, name: str, dtype: Any = None) -> jax.Array:
         raise TypeError(f"`{name}` must have an integer dtype, got {x.dtype}.")
     target = jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype if dtype is None else dtype))
     if target != x.dtype and x.size and is_concrete(x):
-        host, info = np.asarray(x), np.iinfo(target)
-        bad = (host < info.min) | (host > info.max)
+        values, info = np.asarray(x), np.iinfo(target)
+        bad = (values < info.min) | (values > info.max)
         if np.any(bad):
             hint = "" if jax.config.jax_enable_x64 else " (enable jax_enable_x64 for 64-bit ids)"
-            raise ValueError(f"`{name}` must fit in {target.name}{hint}, got {int(host[bad][0])}.")
+            raise ValueError(
+                f"`{name}` must fit in {target.name}{hint}, got {int(values[bad][0])}."
+            )
+    if host and isinstance(x, np.ndarray):
+        return x.astype(target, copy=False)
     return jnp.asarray(x, dtype=target)
 
 

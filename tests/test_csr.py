@@ -323,3 +323,23 @@ def test_column_count_beyond_the_index_dtype_is_refused(make):
     with jax.enable_x64(True):
         x = make((1, 2**31 + 10))
         assert x.shape == (1, 2**31 + 10)
+
+
+def test_host_structure_with_traced_data_is_checked_and_canonicalised_in_jit():
+    """Only the values are traced: the structure is validated and canonicalised
+    (sorted, duplicates summed) on the host, as for concrete input."""
+    d = jnp.array([1.0, 2.0, 3.0])
+    build = lambda d: jsr.csr_matrix((d, np.array([2, 0, 2]), np.array([0, 2, 3])), shape=(2, 3))  # noqa: E731
+    c = jax.jit(build)(d)
+    np.testing.assert_array_equal(np.asarray(c.indices), [0, 2, 2])
+    np.testing.assert_array_equal(np.asarray(c.data), [2.0, 1.0, 3.0])
+    dup = jax.jit(
+        lambda d: jsr.csr_matrix((d, np.array([1, 1, 0]), np.array([0, 2, 3])), shape=(2, 3))
+    )(d)
+    np.testing.assert_array_equal(np.asarray(dup.todense()), [[0, 3, 0], [3, 0, 0]])
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\), got 5"):
+        jax.jit(
+            lambda d: jsr.csr_matrix((d, np.array([2, 5, 1]), np.array([0, 2, 3])), shape=(2, 3))
+        )(d)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\), got -1"):
+        jax.jit(lambda d: jsr.CSR(d, np.array([-1]), np.array([0, 1]), (1, 3)).todense())(d[:1])

@@ -279,3 +279,96 @@ def test_optax_apply_updates_scatter_adds(dtype, jit_mode):
     # float32 updates into bfloat16 params keep the params' dtype
     new16 = optax.apply_updates(params, {"emb": upd.astype(jnp.float32), "b": updates["b"]})
     assert new16["emb"].dtype == dtype
+
+
+def _rsp_of(dense):
+    return jsr.cast_storage(jnp.asarray(dense), "row_sparse")
+
+
+def _csr_of(dense):
+    return jsr.cast_storage(jnp.asarray(dense), "csr")
+
+
+@pytest.mark.parametrize(
+    "a_dtype,b_dtype",
+    [
+        ("float32", "uint8"),
+        ("int8", "uint8"),
+        ("uint8", "uint8"),
+        ("float32", "bool"),
+        ("int32", "uint16"),
+    ],
+)
+@pytest.mark.parametrize("kinds", ["rsp-rsp", "rsp-dense", "csr-csr", "csr-dense", "dense-rsp"])
+def test_subtract_promotes_before_negating(jit_mode, a_dtype, b_dtype, kinds):
+    """-b in b's own unsigned dtype wrapped (float32 1 - uint8 2 gave 255)."""
+    a_np = np.array([[1, 0, 3], [0, 0, 0], [2, 2, 0]]).astype(a_dtype)
+    b_np = np.array([[2, 0, 0], [0, 0, 0], [1, 3, 0]]).astype(b_dtype)
+    ka, kb = kinds.split("-")
+    make = {"rsp": _rsp_of, "csr": _csr_of, "dense": jnp.asarray}
+    a, b = make[ka](a_np), make[kb](b_np)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+        got = jit_mode(jsr.subtract)(a, b)
+    want = np.asarray(jnp.subtract(jnp.asarray(a_np), jnp.asarray(b_np)))
+    assert jsr.todense(got).dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(jsr.todense(got)), want)
+
+
+def test_subtract_of_bools_and_of_lists():
+    rb = _rsp_of(np.array([[True, False]]))
+    with pytest.raises(TypeError, match="bool operands is not defined"):
+        rb - rb
+    r = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+    np.testing.assert_array_equal(np.asarray(r - [1.0, 2.0]), [[-1, -2], [0, 0], [-1, -2]])
+    with pytest.raises(ValueError, match="subtract: operands must have the same shape"):
+        r - jsr.zeros("row_sparse", (4, 2))
+
+
+BOOL_A = np.array([[True, False, True], [False, False, False], [False, True, True]])
+BOOL_B = np.array([[True, True, False], [False, False, False], [True, False, True]])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        "rsp+rsp", "rsp+dense", "dense+rsp", "csr+csr", "csr+dense", "rsp*rsp", "csr->rsp",
+        "rsp->csr", "csr.todense", "dot(csr,dense)", "dot(csr.T,dense)", "dot(csr,rsp)",
+    ],
+)  # fmt: skip
+def test_bool_data_follows_jax_numpy(jit_mode, op):
+    """numpy sums of bools are logical or; XLA's scatter-add rejected bool."""
+    a, b = jnp.asarray(BOOL_A), jnp.asarray(BOOL_B)
+    ops = {
+        "rsp+rsp": (lambda ra, rb, ca, cb: ra + rb, a + b),
+        "rsp+dense": (lambda ra, rb, ca, cb: ra + b, a + b),
+        "dense+rsp": (lambda ra, rb, ca, cb: b + ra, a + b),
+        "csr+csr": (lambda ra, rb, ca, cb: ca + cb, a + b),
+        "csr+dense": (lambda ra, rb, ca, cb: ca + b, a + b),
+        "rsp*rsp": (lambda ra, rb, ca, cb: ra * rb, a * b),
+        "csr->rsp": (lambda ra, rb, ca, cb: jsr.cast_storage(ca, "row_sparse"), a),
+        "rsp->csr": (lambda ra, rb, ca, cb: jsr.cast_storage(ra, "csr"), a),
+        "csr.todense": (lambda ra, rb, ca, cb: ca.todense(), a),
+        "dot(csr,dense)": (lambda ra, rb, ca, cb: jsr.dot(ca, b), jnp.dot(a, b)),
+        "dot(csr.T,dense)": (lambda ra, rb, ca, cb: jsr.dot(ca, b, transpose_a=True), a.T @ b),
+        "dot(csr,rsp)": (lambda ra, rb, ca, cb: jsr.dot(ca, rb), jnp.dot(a, b)),
+    }
+    fn, want = ops[op]
+    got = jit_mode(fn)(_rsp_of(a), _rsp_of(b), _csr_of(a), _csr_of(b))
+    dense = jsr.todense(got)
+    assert dense.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(dense), np.asarray(want))
+
+
+def test_equality_is_elementwise_and_dense():
+    r = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+        assert bool(jnp.all(r == r.copy())) and not bool(jnp.any(r != r.copy()))
+        np.testing.assert_array_equal(
+            np.asarray(r == jnp.ones((3, 2))), [[False, False], [True, False], [False, False]]
+        )
+        c = jsr.csr_matrix(([1.0], [2], [0, 1, 1]), shape=(2, 3))
+        np.testing.assert_array_equal(np.asarray(c != 0), [[False, False, True], [False] * 3])
+    assert (r == None) is False  # noqa: E711  (identity, as Python's default)
+    assert r in [r]

@@ -105,3 +105,17 @@ def test_norm_ignores_padding_and_dense_input():
     x = jsr.RowSparse._make(jnp.array([[3.0, 4.0], [0.0, 0.0]]), jnp.array([1, 5]), (5, 2))
     assert float(jsr.norm(x)) == 5.0
     assert float(jsr.norm(jnp.array([3.0, 4.0]))) == 5.0
+
+
+@pytest.mark.parametrize(
+    "values,dtype",
+    [([[1j, 2.0]], np.complex64), ([[50000, 0]], np.int32), ([[3, -4]], np.int8)],
+)
+def test_norm_of_complex_and_integer_data_follows_jnp_linalg_norm(values, dtype):
+    """sum(square(x)) gave a complex 'norm' for complex data and overflowed ints."""
+    x = jsr.row_sparse_array((np.array(values, dtype), [1]), shape=(3, 2))
+    want = jnp.linalg.norm(jnp.asarray(x.asnumpy()).reshape(-1))
+    got = jsr.norm(x)
+    assert got.dtype == want.dtype and not jnp.iscomplexobj(got)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    np.testing.assert_allclose(float(jsr.norm(x.asnumpy())), float(want), rtol=1e-6)

@@ -350,3 +350,20 @@ def test_indexing_is_refused_with_the_ops_to_use(key):
         x[key]
     with pytest.raises(TypeError, match="not iterable"):
         list(x)
+
+
+def test_host_indices_are_validated_inside_jit_too():
+    """numpy / list indices are known inside jit; jnp.asarray used to trace them
+    first, so nothing was checked (duplicates made todense and sum disagree)."""
+    data = np.array([[1.0], [2.0]], np.float32)
+    with pytest.raises(ValueError, match="must be < N = 3"):
+        jax.jit(lambda: jsr.RowSparse(data[:1], np.array([5]), (3, 1)).todense())()
+    with pytest.raises(ValueError, match="sorted ascending without duplicates"):
+        jax.jit(lambda: jsr.RowSparse(data, [1, 1], (3, 1)).todense())()
+    ok = jax.jit(lambda d: jsr.RowSparse(d, np.array([0, 2]), (3, 1)).todense())(jnp.asarray(data))
+    np.testing.assert_array_equal(np.asarray(ok)[:, 0], [1.0, 0.0, 2.0])
+
+
+def test_take_from_a_scalar_names_x():
+    with pytest.raises(ValueError, match="`x` must be at least 1-D"):
+        jsr.take(jnp.float32(1), jnp.array([0]))
