@@ -56,7 +56,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     ``dot(csr, rsp, transpose_a=True)``          row_sparse
     ``dot(rsp, dense)``                          row_sparse (same rows)
     ``dot(rsp, dense, transpose_a=True)``        dense
-    ``dot(dense, csr)``, ``dot(dense, rsp)``     dense
+    ``dot(dense, csr)``, ``dot(dense, rsp)``     dense (2-D dense lhs)
     ``dot(dense, dense)``                        dense (``jnp.dot``)
     anything else                                dense, StorageFallbackWarning
     ===========================================  ==========================

@@ -76,6 +76,36 @@ class SparseOperators:
     def __ne__(self, other: Any) -> Any:  # type: ignore[override]
         return _compare("not_equal", self, other)
 
+    def __lt__(self, other: Any) -> Any:
+        return _dense_op("less", self, other)
+
+    def __le__(self, other: Any) -> Any:
+        return _dense_op("less_equal", self, other)
+
+    def __gt__(self, other: Any) -> Any:
+        return _dense_op("greater", self, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return _dense_op("greater_equal", self, other)
+
+    def __pos__(self) -> Any:
+        return self
+
+    def __rpow__(self, other: Any) -> Any:
+        return _dense_op("power", other, self)
+
+    def __floordiv__(self, other: Any) -> Any:
+        return _dense_op("floor_divide", self, other)
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return _dense_op("floor_divide", other, self)
+
+    def __mod__(self, other: Any) -> Any:
+        return _dense_op("remainder", self, other)
+
+    def __rmod__(self, other: Any) -> Any:
+        return _dense_op("remainder", other, self)
+
     def __matmul__(self, other: Any) -> Any:
         from ._dot import dot
 
@@ -87,21 +117,30 @@ class SparseOperators:
         return dot(other, self)
 
 
-def _compare(name: str, a: Any, b: Any) -> Any:
-    """Elementwise ``==`` / ``!=`` as jax.numpy and numpy do (and MXNet's sparse
-    arrays): the dense bool result, through the storage fallback (with its
-    warning), since zeros compare equal to zeros. ``None`` and objects that
-    are not arrays compare by identity, as Python's default."""
+def _is_operand(x: Any) -> bool:
+    return hasattr(x, "shape") or isinstance(x, int | float | complex | bool | list | tuple)
+
+
+def _dense_op(name: str, a: Any, b: Any) -> Any:
+    """``jnp.<name>(a, b)`` on the dense forms, through the storage fallback (with
+    its warning): the ops whose result is dense anyway (``x < 1``, ``2 ** x``,
+    ``x // 2``), as jax.numpy computes them."""
     import jax.numpy as jnp
     import numpy as np
 
     from ._storage import apply_dense
 
-    if b is None or not (
-        hasattr(b, "shape") or isinstance(b, int | float | complex | bool | list | tuple)
-    ):
+    if not (_is_operand(a) and _is_operand(b)):
         return NotImplemented
-    fn = jnp.equal if name == "equal" else jnp.not_equal
-    if isinstance(b, list | tuple):
-        b = np.asarray(b)
-    return apply_dense(fn, a, b)
+    a, b = (np.asarray(x) if isinstance(x, list | tuple) else x for x in (a, b))
+    return apply_dense(getattr(jnp, name), a, b)
+
+
+def _compare(name: str, a: Any, b: Any) -> Any:
+    """Elementwise ``==`` / ``!=`` as jax.numpy and numpy do (and MXNet's sparse
+    arrays): the dense bool result, through the storage fallback (with its
+    warning), since zeros compare equal to zeros. ``None`` and objects that
+    are not arrays compare by identity, as Python's default."""
+    if b is None:
+        return NotImplemented
+    return _dense_op(name, a, b)

@@ -457,6 +457,8 @@ def row_sparse_array(
     idx = _as_index_array(indices)
     if data.ndim == len(shape) - 1 and idx.shape == (1,):
         data = data[None]
+    if data.size == 0 and data.ndim == 1 and idx.shape == (0,):  # ([], []): no rows
+        data = data.reshape((0,) + shape[1:])
     if idx.ndim != 1 or data.ndim < 1 or idx.shape[0] != data.shape[0]:
         raise ValueError(
             f"`indices` must be 1-D with one id per row of `data`, got indices of shape "

@@ -372,3 +372,21 @@ def test_equality_is_elementwise_and_dense():
         np.testing.assert_array_equal(np.asarray(c != 0), [[False, False, True], [False] * 3])
     assert (r == None) is False  # noqa: E711  (identity, as Python's default)
     assert r in [r]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: x < 1, lambda x: x <= 1, lambda x: x > 1, lambda x: x >= np.array([[1.0, 2.0]]),
+        lambda x: 2**x, lambda x: x // 2, lambda x: 7 // x, lambda x: x % 2, lambda x: 5 % x,
+        lambda x: +x,
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("kind", ["row_sparse", "csr"])
+def test_operators_with_dense_results_follow_jax_numpy(jit_mode, op, kind):
+    dense = jnp.array([[0.0, 0.0], [1.5, 2.0], [0.0, 3.0]])
+    x = jsr.cast_storage(dense, kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+        got = jit_mode(op)(x)
+    np.testing.assert_array_equal(np.asarray(jsr.todense(got)), np.asarray(op(dense)))

@@ -367,3 +367,10 @@ def test_host_indices_are_validated_inside_jit_too():
 def test_take_from_a_scalar_names_x():
     with pytest.raises(ValueError, match="`x` must be at least 1-D"):
         jsr.take(jnp.float32(1), jnp.array([0]))
+
+
+@pytest.mark.parametrize("shape", [(5, 2), (5,), (4, 0, 3)])
+def test_row_sparse_array_from_empty_lists(shape):
+    x = jsr.row_sparse_array(([], []), shape=shape)
+    assert x.shape == shape and x.capacity == 0 and x.dtype == jnp.float32
+    np.testing.assert_array_equal(x.asnumpy(), np.zeros(shape))
