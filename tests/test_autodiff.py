@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_no_dense_temporaries import _big_values
 
 import jaxsparse_rows as jsr
 
@@ -197,3 +198,42 @@ def test_vmap_per_example_row_sparse_gradients(rng):
         g_ref = jax.grad(lambda t, i: jnp.sum(jsr.take(t, i) ** 2))(table, ids[b])
         one = jsr.RowSparse._make(g.data[b], g.indices[b], table.shape)
         np.testing.assert_allclose(np.asarray(one.todense()), np.asarray(g_ref), rtol=1e-6)
+
+
+@pytest.mark.parametrize("remat", [True, False])
+def test_micro_batch_accumulation_through_scan_is_row_sparse_and_exact(remat):
+    """The training.md recipe: pull the union of the micro-batches' ids once and
+    differentiate the mean loss of a lax.scan over them. The gradient equals
+    the dense one, keeps the view's capacity, and builds nothing [V, D]."""
+    v, d, m, b = 10**6, 4, 3, 8
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 50, size=(m, b, 2)), jnp.int32)
+    ys = jnp.asarray(rng.normal(size=(m, b)), jnp.float32)
+
+    def loss_fn(p, ids, y):
+        return jnp.mean((jsr.take(p["emb"], ids).sum(axis=1) @ p["w"] - y) ** 2)
+
+    def mean_loss(view, ids, ys):
+        def body(total, batch):
+            return total + loss_fn(view, *batch), None
+
+        total, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, 0.0, (ids, ys))
+        return total / ids.shape[0]
+
+    def grads_of(table, w):
+        view = {"emb": jsr.pull_rows(table, ids), "w": w}
+        return jsr.grad(mean_loss)(view, ids, ys)
+
+    small = jnp.asarray(rng.normal(size=(50, d)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(d,)), jnp.float32)
+    got = jax.jit(grads_of)(small, w)
+    dense = jax.grad(lambda p: sum(loss_fn(p, ids[i], ys[i]) for i in range(m)) / m)(
+        {"emb": small, "w": w}
+    )
+    assert isinstance(got["emb"], jsr.RowSparse) and got["emb"].capacity == ids.size
+    np.testing.assert_allclose(np.asarray(got["emb"].todense()), dense["emb"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got["w"]), dense["w"], rtol=1e-5, atol=1e-6)
+    # At V = 10**6 nothing in the gradient's program has V rows.
+    table = jax.ShapeDtypeStruct((v, d), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda t, w: jax.tree.leaves(grads_of(t, w)))(table, w)
+    assert _big_values(jaxpr, n_rows=v) == []
