@@ -66,6 +66,15 @@ def _finite_scalar(b: Any, *, nonzero: bool = False) -> bool:
     return ok and (not nonzero or bool(np.all(v != 0)))
 
 
+def _positive_scalar(p: Any) -> bool:
+    """True for a real scalar known now to be > 0 (Python, numpy or a concrete
+    0-d array): then ``0 ** p == 0`` and ``x ** p`` keeps the storage type."""
+    if not _is_scalar(p) or isinstance(p, jax.core.Tracer | bool | complex):
+        return False
+    v = np.asarray(p)
+    return (v.dtype.kind in "iuf" or v.dtype.name == "bfloat16") and bool(v > 0)
+
+
 def _with_data_masked(x: Any, data: jax.Array) -> Any:
     """``_with_data`` that forces padding slots back to zero (after ``* inf``, ``/ 0``)."""
     if isinstance(x, RowSparse):
@@ -157,14 +166,15 @@ relu = _zero_preserving(jax.nn.relu, "relu")
 
 
 def power(x: Any, p: Any) -> Any:
-    """``x ** p``; keeps the storage type for a scalar ``p > 0`` (0 ** p == 0).
+    """``x ** p``; keeps the storage type for a real scalar ``p > 0`` known now
+    (0 ** p == 0): a Python or numpy number or a concrete 0-d array.
 
     Example:
       >>> import jaxsparse_rows as jsr
       >>> (jsr.row_sparse_array(([[2., 3.]], [0]), shape=(2, 2)) ** 2).data
       Array([[4., 9.]], dtype=float32)
     """
-    if is_sparse(x) and isinstance(p, int | float | np.integer | np.floating) and p > 0:
+    if is_sparse(x) and _positive_scalar(p):
         log_inference("power", (stype(x), "scalar"), stype(x))
         return _with_data(x, x.data**p)
     return apply_dense(jnp.power, x, p)

@@ -390,3 +390,21 @@ def test_operators_with_dense_results_follow_jax_numpy(jit_mode, op, kind):
         warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
         got = jit_mode(op)(x)
     np.testing.assert_array_equal(np.asarray(jsr.todense(got)), np.asarray(op(dense)))
+
+
+@pytest.mark.parametrize(
+    "p,stype",
+    [
+        (2, "row_sparse"), (np.float32(0.5), "row_sparse"), (jnp.float32(2), "row_sparse"),
+        (jnp.array(3), "row_sparse"), (0, "default"), (jnp.float32(-1), "default"),
+    ],
+)  # fmt: skip
+def test_power_keeps_row_sparse_for_any_positive_scalar_known_now(p, stype):
+    r = jsr.row_sparse_array(([[1.0, 4.0]], [1]), shape=(3, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+        out = r**p
+    assert jsr.stype(out) == stype
+    np.testing.assert_allclose(
+        np.asarray(jsr.todense(out)), np.asarray(r.todense()) ** np.asarray(p)
+    )
