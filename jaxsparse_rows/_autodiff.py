@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from ._rowsparse import RowSparse, mask_padding
 
@@ -16,21 +17,35 @@ def _is_rsp(x: Any) -> bool:
     return isinstance(x, RowSparse)
 
 
+def _is_int(a: Any) -> bool:
+    return isinstance(a, int | np.integer) and not isinstance(a, bool | np.bool_)
+
+
 def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if _is_int(argnums):
+        nums = (argnums,)
+    elif isinstance(argnums, tuple | list):
+        nums = tuple(argnums)
+    else:
+        raise ValueError(f"`argnums` must be an int or a sequence of ints, got {argnums!r}.")
     for a in nums:
-        if not isinstance(a, int) or not -nargs <= a < nargs:
+        if not _is_int(a) or not -nargs <= a < nargs:
             raise ValueError(
                 f"`argnums` {argnums!r} is out of range for a function called with {nargs} "
                 "positional arguments."
             )
-    return tuple(a % nargs for a in nums)
+    out = tuple(int(a) % nargs for a in nums)
+    if len(set(out)) != len(out):
+        raise ValueError(f"`argnums` {argnums!r} names an argument twice.")
+    return out
 
 
 def value_and_grad(
     fun: Callable[..., Any],
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with row-sparse gradients for RowSparse inputs.
 
@@ -44,6 +59,9 @@ def value_and_grad(
       fun: function returning a scalar (and an aux value if ``has_aux``).
       argnums: which positional argument(s) to differentiate.
       has_aux: as in ``jax.value_and_grad``.
+      holomorphic: as in ``jax.value_and_grad`` (complex inputs and output).
+      allow_int: as in ``jax.value_and_grad`` (integer inputs get ``float0``
+        gradients).
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -76,7 +94,9 @@ def value_and_grad(
                 call_args[i] = value
             return fun(*call_args, **kwargs)
 
-        value, grads = jax.value_and_grad(inner, has_aux=has_aux)(primals)
+        value, grads = jax.value_and_grad(
+            inner, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
+        )(primals)
         out = [
             RowSparse._make(mask_padding(g, leaf.indices, leaf.shape[0]), leaf.indices, leaf.shape)
             if _is_rsp(leaf)
@@ -84,7 +104,7 @@ def value_and_grad(
             for g, leaf in zip(grads, leaves, strict=True)
         ]
         grad_tree = jax.tree.unflatten(treedef, out)
-        return value, (grad_tree[0] if isinstance(argnums, int) else grad_tree)
+        return value, (grad_tree[0] if _is_int(argnums) else grad_tree)
 
     return wrapped
 
@@ -93,10 +113,12 @@ def grad(
     fun: Callable[..., Any],
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
 ) -> Callable[..., Any]:
     """Like ``jax.grad``, with row-sparse gradients for RowSparse inputs.
 
-    See :func:`value_and_grad`.
+    See :func:`value_and_grad` (the arguments are the same).
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -106,7 +128,9 @@ def grad(
       (Array([2, 5], dtype=int32), Array([[0., 0.],
              [3., 3.]], dtype=float32))
     """
-    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+    vg = value_and_grad(
+        fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
+    )
 
     @functools.wraps(fun)
     def wrapped(*args: Any, **kwargs: Any):

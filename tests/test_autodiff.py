@@ -237,3 +237,32 @@ def test_micro_batch_accumulation_through_scan_is_row_sparse_and_exact(remat):
     table = jax.ShapeDtypeStruct((v, d), jnp.float32)
     jaxpr = jax.make_jaxpr(lambda t, w: jax.tree.leaves(grads_of(t, w)))(table, w)
     assert _big_values(jaxpr, n_rows=v) == []
+
+
+def test_holomorphic_and_allow_int_pass_through_like_jax_grad():
+    table = jnp.ones((10, 2), jnp.complex64) * (1 + 2j)
+    ids = jnp.array([5, 5, 2])
+    rows = jsr.pull_rows(table, ids)
+    f = lambda r: jnp.sum(jsr.take(r, ids) ** 2)  # noqa: E731
+    got = jsr.grad(f, holomorphic=True)(rows)
+    want = jax.grad(f, holomorphic=True)(table)
+    np.testing.assert_allclose(np.asarray(got.todense()), np.asarray(want), rtol=1e-6)
+    h = lambda r, n: jnp.sum(jsr.take(r, ids)).real * n  # noqa: E731
+    g_rows, g_n = jsr.grad(h, argnums=(0, 1), allow_int=True)(rows, 3)
+    assert g_n.dtype == jax.dtypes.float0 and isinstance(g_rows, jsr.RowSparse)
+    with pytest.raises(TypeError, match="integer"):
+        jsr.grad(h, argnums=1)(rows, 3)
+
+
+def test_argnums_accepts_numpy_ints_and_refuses_repeats():
+    rows = jsr.pull_rows(jnp.ones((6, 2)), jnp.array([1, 4]))
+    f = lambda r, w: jnp.sum(jsr.take(r, jnp.array([4])) * w)  # noqa: E731
+    g = jsr.grad(f, argnums=np.int64(0))(rows, 2.0)
+    assert isinstance(g, jsr.RowSparse)
+    np.testing.assert_array_equal(np.asarray(g.data), [[0, 0], [2, 2]])
+    with pytest.raises(ValueError, match=r"`argnums` \(0, 0\) names an argument twice"):
+        jsr.grad(f, argnums=(0, 0))(rows, 2.0)
+    with pytest.raises(ValueError, match="`argnums` must be an int or a sequence of ints"):
+        jsr.grad(f, argnums=True)(rows, 2.0)
+    with pytest.raises(ValueError, match="out of range"):
+        jsr.grad(f, argnums=(0, 2))(rows, 2.0)
