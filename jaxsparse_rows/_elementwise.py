@@ -81,7 +81,7 @@ def _with_data_masked(x: Any, data: jax.Array) -> Any:
         mask = broadcast_row_mask(x.row_mask, data.ndim)
     else:
         mask = jnp.arange(x.nse, dtype=index_dtype()) < x.indptr[-1]
-    return _with_data(x, jnp.where(mask, data, jnp.zeros((), data.dtype)))
+    return _with_data(x, jnp.where(mask, data, jnp.zeros_like(data, shape=())))
 
 
 def _same_shape(op: str, a: Any, b: Any) -> None:

@@ -407,3 +407,13 @@ def test_power_keeps_row_sparse_for_any_positive_scalar_known_now(p, stype):
     assert jsr.stype(out) == stype
     want = jnp.asarray(r.todense()) ** jnp.asarray(p)  # 0 ** -1 is inf
     np.testing.assert_allclose(np.asarray(jsr.todense(out)), np.asarray(want))
+
+
+def test_masked_scalar_paths_keep_the_weak_type_of_the_values():
+    """int8 * inf is a weak float32, as in jax.numpy; adding float16 then gives float16."""
+    ri = jsr.row_sparse_array((np.array([[1, 2]], np.int8), [1]), shape=(3, 2))
+    rh = jsr.row_sparse_array((np.array([[1, 2]], np.float16), [1]), shape=(3, 2))
+    want = jnp.asarray(ri.asnumpy()) * np.inf + jnp.asarray(rh.asnumpy())
+    got = (ri * np.inf) + rh
+    assert got.dtype == want.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(got.todense()), np.asarray(want))
