@@ -15,6 +15,7 @@ from ._operators import SparseOperators
 from ._rowsparse import _as_index_array, _as_shape, dense_numpy, host_dense
 from ._util import (
     as_data,
+    as_jax,
     capacity_check,
     check_static_int,
     check_unbatched,
@@ -148,11 +149,7 @@ class CSR(SparseOperators):
         if is_concrete(indices, indptr):
             host_data = np.asarray(data) if is_concrete(data) else None
             _validate_csr(host_data, np.asarray(indices), np.asarray(indptr), shape)
-        self.data, self.indices, self.indptr = (
-            jnp.asarray(data),
-            jnp.asarray(indices),
-            jnp.asarray(indptr),
-        )
+        self.data, self.indices, self.indptr = as_jax(data), as_jax(indices), as_jax(indptr)
         self.shape = shape
 
     @classmethod

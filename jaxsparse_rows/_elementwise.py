@@ -67,9 +67,10 @@ def _finite_scalar(b: Any, *, nonzero: bool = False) -> bool:
 
 
 def _positive_scalar(p: Any) -> bool:
-    """True for a real scalar known now to be > 0 (Python, numpy or a concrete
-    0-d array): then ``0 ** p == 0`` and ``x ** p`` keeps the storage type."""
-    if not _is_scalar(p) or isinstance(p, jax.core.Tracer | bool | complex):
+    """True for a real Python or numpy scalar > 0: then ``0 ** p == 0`` and
+    ``x ** p`` keeps the storage type. A JAX scalar is not taken: it is traced
+    under jit, so the result's type would differ between eager and jit."""
+    if not _is_scalar(p) or isinstance(p, jax.Array | bool | complex):
         return False
     v = np.asarray(p)
     return (v.dtype.kind in "iuf" or v.dtype.name == "bfloat16") and bool(v > 0)
@@ -166,8 +167,9 @@ relu = _zero_preserving(jax.nn.relu, "relu")
 
 
 def power(x: Any, p: Any) -> Any:
-    """``x ** p``; keeps the storage type for a real scalar ``p > 0`` known now
-    (0 ** p == 0): a Python or numpy number or a concrete 0-d array.
+    """``x ** p``; keeps the storage type for a real Python or numpy scalar
+    ``p > 0`` (0 ** p == 0); anything else, JAX scalars included (they are
+    traced under jit), gives a dense result.
 
     Example:
       >>> import jaxsparse_rows as jsr

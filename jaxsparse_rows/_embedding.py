@@ -62,7 +62,8 @@ def embedding_bag(
         out-of-range ids.
 
     Returns:
-      The pooled rows, ``[*ids.shape[:-1], D1..Dn]``, in ``table``'s dtype.
+      The pooled rows, ``[*ids.shape[:-1], D1..Dn]``, in ``table``'s (floating)
+      dtype; ``weights`` are cast to it.
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -84,6 +85,11 @@ def embedding_bag(
         table = jnp.asarray(table)
         if table.ndim == 0:
             raise ValueError("`table` must be at least 1-D (rows first), got a scalar.")
+    if not jnp.issubdtype(table.dtype, jnp.inexact):
+        raise TypeError(
+            f"`table` must have a floating dtype (as PyTorch's embedding_bag), got "
+            f"{jnp.dtype(table.dtype).name}; cast it with `.astype`."
+        )
     n = table.shape[0]
     keep = (ids >= 0) & (ids < n)
     if padding_id is not None:
@@ -122,7 +128,10 @@ def embedding_bag(
     total = jnp.sum(rows * w.reshape(w.shape + row_axes), axis=ids.ndim - 1)
     if mode == "sum":
         return total
-    norm = jnp.sum(w, axis=-1) if mode == "mean" else jnp.sqrt(jnp.sum(w * w, axis=-1))
+    norm = jnp.sum(w, axis=-1) if mode == "mean" else jnp.sum(w * w, axis=-1)
     norm = norm.reshape(norm.shape + row_axes)
-    safe = jnp.where(norm != 0, norm, jnp.ones((), dtype))
-    return jnp.where(norm != 0, total / safe, jnp.zeros((), dtype))
+    empty = norm == 0  # nothing kept, or zero total weight: zeros, as PyTorch
+    safe = jnp.where(empty, jnp.ones((), dtype), norm)
+    if mode == "sqrtn":
+        safe = jnp.sqrt(safe)  # sqrt only of non-zero values: no NaN gradient at 0
+    return jnp.where(empty, jnp.zeros((), dtype), total / safe)

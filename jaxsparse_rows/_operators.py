@@ -118,7 +118,13 @@ class SparseOperators:
 
 
 def _is_operand(x: Any) -> bool:
-    return hasattr(x, "shape") or isinstance(x, int | float | complex | bool | list | tuple)
+    """Arrays (sparse, JAX, numpy), numbers and lists: what jax.numpy computes with.
+    Anything else (None, a ShapeDtypeStruct, a string) is not compared."""
+    import jax
+    import numpy as np
+
+    array_types = (SparseOperators, jax.Array, np.ndarray, np.generic)
+    return isinstance(x, array_types + (int, float, complex, bool, list, tuple))
 
 
 def _dense_op(name: str, a: Any, b: Any) -> Any:

@@ -95,6 +95,6 @@ def norm(x: Any) -> jax.Array:
       Array(5., dtype=float32)
     """
     data = x.data if is_sparse(x) else jnp.asarray(x)
-    # As jnp.linalg.norm: |x| for complex, a float result for integers, and
-    # no overflow of the squares in float16.
+    # As jnp.linalg.norm: |x| for complex and a float result for integers
+    # (and, as there, the squares of float16 values overflow past 256).
     return jnp.linalg.norm(data.reshape(-1))

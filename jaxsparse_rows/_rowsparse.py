@@ -16,6 +16,7 @@ from ._util import (
     ROWSPARSE_INDEXING,
     as_data,
     as_int_array,
+    as_jax,
     broadcast_row_mask,
     capacity_check,
     check_static_int,
@@ -203,8 +204,8 @@ class RowSparse(SparseOperators):
             if n_real < data.shape[0] and is_concrete(data):
                 if np.any(np.asarray(data)[n_real:] != 0):
                     raise ValueError("padding slots (id N) must hold zero `data`.")
-        self.data = jnp.asarray(data)
-        self.indices = jnp.asarray(indices)
+        self.data = as_jax(data)
+        self.indices = as_jax(indices)
         self.shape = shape
 
     @classmethod

@@ -50,30 +50,39 @@ def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) ->
             )
     if host and isinstance(x, np.ndarray):
         return x.astype(target, copy=False)
+    if isinstance(x, jax.Array) and x.dtype == target:
+        return x  # jnp.asarray would dispatch a no-op conversion (about 13 us)
     return jnp.asarray(x, dtype=target)
 
 
 def check_unflattened_ids(cls_name: str, **children: Any) -> None:
     """Refuses index children that a ``tree_map`` over a sparse array's leaves
-    has turned into floats (``optax.scale`` multiplies every leaf, row ids
-    included), instead of building an array whose row ids are fractions.
+    has turned into floats of the same shape (``optax.scale`` multiplies every
+    leaf, row ids included; a whole-tree cast converts them), instead of
+    building an array whose row ids are fractions.
 
-    Leaves without a dtype (``jax.tree.map(jnp.shape, x)``, vmap axis specs)
-    and ``float0`` (tangents of integer leaves) pass.
+    Everything else passes: integer ids, leaves without a dtype
+    (``jax.tree.map(jnp.shape, x)``, vmap axis specs), ``float0`` tangents of
+    integer leaves, bool leaves (``jax.tree.map(jnp.isfinite, x)``,
+    ``optax.zero_nans``'s flags) and 0-d summaries (``jax.tree.map(jnp.mean,
+    x)`` for logging).
     """
     for name, child in children.items():
         dtype = getattr(child, "dtype", None)
-        if dtype is None or dtype == jax.dtypes.float0:
+        if dtype is None or getattr(dtype, "kind", "i") in "iub":
+            continue  # the common case, decided cheaply: this runs at every unflatten
+        if getattr(child, "ndim", 0) == 0:
             continue
-        if not jnp.issubdtype(dtype, jnp.integer):
-            raise TypeError(
-                f"{cls_name} `{name}` must stay integer, got {jnp.dtype(dtype).name}: a "
-                f"function mapped over every leaf of a {cls_name} (e.g. an optax transform "
-                "such as `optax.scale` or `optax.clip`, or a dtype cast of a whole pytree) "
-                "changed its row ids. Map over `.data` only (`jsr.optim.lift_elementwise`, "
-                "`jsr.optim.scale_by_learning_rate`), or skip sparse leaves with "
-                "`is_leaf=jsr.is_sparse`."
-            )
+        if dtype == jax.dtypes.float0 or not jnp.issubdtype(dtype, jnp.inexact):
+            continue
+        raise TypeError(
+            f"{cls_name} `{name}` must stay integer, got {jnp.dtype(dtype).name}: a "
+            f"function mapped over every leaf of a {cls_name} (e.g. an optax transform "
+            "such as `optax.scale` or `optax.clip`, or a dtype cast of a whole pytree) "
+            "changed its row ids. Map over `.data` only (`jsr.optim.lift_elementwise`, "
+            "`jsr.optim.scale_by_learning_rate`), or skip sparse leaves with "
+            "`is_leaf=jsr.is_sparse`."
+        )
 
 
 def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) -> str | None:
@@ -155,6 +164,12 @@ def capacity_check(ok: Any, message: str) -> None:
 # writes ever land on one row. On GPU XLA may then store without atomics; on
 # CPU an A/B run of AdaGrad steps was about 7% faster with them.
 ROWSPARSE_INDEXING = {"indices_are_sorted": True, "unique_indices": True}
+
+
+def as_jax(x: Any) -> jax.Array:
+    """``x`` as a JAX array; a JAX array (or tracer) as it is, without the
+    dispatch ``jnp.asarray`` costs."""
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
 def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:

@@ -395,18 +395,25 @@ def test_operators_with_dense_results_follow_jax_numpy(jit_mode, op, kind):
 @pytest.mark.parametrize(
     "p,stype",
     [
-        (2, "row_sparse"), (np.float32(0.5), "row_sparse"), (jnp.float32(2), "row_sparse"),
-        (jnp.array(3), "row_sparse"), (0, "default"), (jnp.float32(-1), "default"),
+        (2, "row_sparse"), (np.float32(0.5), "row_sparse"), (np.array(3), "row_sparse"),
+        (jnp.float32(2), "default"), (0, "default"), (np.float32(-1), "default"),
     ],
 )  # fmt: skip
-def test_power_keeps_row_sparse_for_any_positive_scalar_known_now(p, stype):
+def test_power_keeps_row_sparse_for_positive_python_and_numpy_scalars(jit_mode, p, stype):
+    """The result's type must not depend on jit: a JAX scalar is traced under
+    jit (its sign unknown), so it gives a dense result eagerly too."""
     r = jsr.row_sparse_array(([[1.0, 4.0]], [1]), shape=(3, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
-        out = r**p
+        out = jit_mode(lambda r: r**p)(r)
     assert jsr.stype(out) == stype
     want = jnp.asarray(r.todense()) ** jnp.asarray(p)  # 0 ** -1 is inf
     np.testing.assert_allclose(np.asarray(jsr.todense(out)), np.asarray(want))
+    if isinstance(p, jax.Array):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+            traced = jax.jit(lambda r, p: r**p)(r, p)
+        assert jsr.stype(traced) == stype
 
 
 def test_masked_scalar_paths_keep_the_weak_type_of_the_values():
@@ -418,3 +425,9 @@ def test_masked_scalar_paths_keep_the_weak_type_of_the_values():
     assert got.dtype == want.dtype == jnp.float16
     # Unstored rows stay zero (the documented sparse rule); the dense product has 0 * inf.
     np.testing.assert_array_equal(np.asarray(got.todense()), [[0, 0], [np.inf, np.inf], [0, 0]])
+
+
+def test_equality_with_non_arrays_is_identity():
+    r = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+    assert (r == jax.ShapeDtypeStruct((3, 2), jnp.float32)) is False
+    assert (r == "r") is False and (r != "r") is True

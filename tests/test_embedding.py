@@ -191,3 +191,16 @@ def test_skipped_ids_are_not_looked_up_so_their_rows_cannot_poison_the_pool(mode
     got = jax.jit(lambda t: jsr.embedding_bag(t, ids, mode=mode, padding_id=0))(table)
     assert np.all(np.isfinite(np.asarray(got)))
     jsrt.assert_allclose(got, oracle(table, ids, mode, padding_id=0))
+
+
+def test_integer_tables_are_refused_and_zero_weight_bags_have_finite_gradients():
+    with pytest.raises(TypeError, match="`table` must have a floating dtype.*got int32"):
+        jsr.embedding_bag(jnp.ones((5, 2), jnp.int32), jnp.array([[0, 1]]))
+    table = jnp.arange(10.0).reshape(5, 2)
+    ids = jnp.array([[0, 1, 2], [3, 4, 4]])
+    for mode in ("mean", "sqrtn"):
+        grad = jax.grad(
+            lambda w: jnp.sum(jsr.embedding_bag(table, ids, mode=mode, weights=w))  # noqa: B023
+        )(jnp.array([[0.0, 0.0, 0.0], [1.0, 2.0, 0.0]]))
+        assert np.all(np.isfinite(np.asarray(grad))), (mode, grad)
+        np.testing.assert_array_equal(np.asarray(grad[0]), 0.0)

@@ -143,3 +143,12 @@ def test_rowwise_adagrad_eps_zero_gives_a_zero_row_a_zero_update(jit_mode):
     u, state = jit_mode(opt.update)(g, opt.init(w), w)
     np.testing.assert_array_equal(np.asarray(u.data), [[0.0, 0.0], [-1.0, -1.0]])
     np.testing.assert_array_equal(np.asarray(state[0].sum_of_squares), [0.0, 4.0, 0.0, 0.0])
+
+
+def test_rowwise_adagrad_nan_gradient_stays_visible():
+    """The eps = 0 guard must not turn a NaN gradient into a silent zero update."""
+    w = jnp.ones((4, 2))
+    opt = jsr.optim.lazy_rowwise_adagrad(0.1)
+    g = jsr.RowSparse(jnp.array([[jnp.nan, 1.0]]), [1], shape=(4, 2))
+    u, _ = opt.update(g, opt.init(w), w)
+    assert np.all(np.isnan(np.asarray(u.data)))

@@ -307,3 +307,30 @@ def test_callable_masks_and_labels_written_with_is_leaf_is_sparse(kind, jit_mode
     u, _ = jit_mode(opt.update)(g, opt.init(w), w)
     np.testing.assert_array_equal(np.asarray(jsr.todense(u["emb"]))[1], [-0.5, -0.5])
     np.testing.assert_array_equal(np.asarray(u["b"]), [1.0, 1.0] if kind == "masked" else -0.25)
+
+
+def test_global_norm_and_clip_widen_before_squaring():
+    """float16 squares overflow at 256 and int32's at 46341: the norm was inf
+    and clip_by_global_norm zeroed the update."""
+    half = {"a": jnp.array([300.0, 4.0], jnp.float16)}
+    assert float(jsr.optim.global_norm(half)) == pytest.approx(np.hypot(300, 4), rel=1e-6)
+    assert float(jsr.optim.global_norm({"a": jnp.array([100000], jnp.int32)})) == 100000.0
+    tx = jsr.optim.clip_by_global_norm(1000.0)
+    u, _ = tx.update(half, tx.init(None))
+    np.testing.assert_array_equal(np.asarray(u["a"]), [300.0, 4.0])
+
+
+def test_exact_sgd_under_inject_hyperparams_with_the_documented_static_args():
+    """optimizers.md: list learning_rate, momentum and weight_decay (and lazy) as
+    static; rescale_grad, injected too, may stay an array."""
+    w = jnp.asarray(np.random.default_rng(5).normal(size=(6, 2)), jnp.float32)
+    static = ("lazy", "learning_rate", "momentum", "weight_decay")
+    kwargs = {"learning_rate": 0.1, "momentum": 0.5, "weight_decay": 0.01, "lazy": "exact"}
+    injected = optax.inject_hyperparams(jsr.optim.lazy_sgd, static_args=static)(**kwargs)
+    plain = jsr.optim.lazy_sgd(**kwargs)
+    wi, si, wp, sp = w, injected.init(w), w, plain.init(w)
+    for g, _, _ in grad_sequence(6, 4, 6, (2,), capacity=3):
+        ui, si = jax.jit(injected.update)(g, si, wi)
+        up, sp = jax.jit(plain.update)(g, sp, wp)
+        wi, wp = jsr.optim.apply_updates(wi, ui), jsr.optim.apply_updates(wp, up)
+    np.testing.assert_allclose(np.asarray(wi), np.asarray(wp), rtol=1e-6, atol=1e-7)

@@ -166,3 +166,20 @@ def test_arrays_stacked_by_vmap_print_their_batch_and_refuse_todense():
     assert repr(stacked) == "CSR(float32[4, 5], batch=(3,), nse=9)"
     with pytest.raises(ValueError, match=r"todense needs one CSR, got a batch of shape \(3,\)"):
         stacked.todense()
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
+    """Bool flags and 0-d summaries are not row ids: optax.zero_nans, chex's
+    finiteness check and per-leaf logging map them over every leaf."""
+    import chex
+    import optax
+
+    x = arrays()[index]
+    assert jax.tree.map(jnp.isfinite, x).indices.dtype == jnp.bool_
+    assert jax.tree.map(jnp.mean, x).indices.shape == ()
+    chex.assert_tree_all_finite(x)
+    assert optax.tree_utils.tree_allclose(x, x.copy())
+    tx = optax.zero_nans()
+    out, _ = tx.update({"g": x}, tx.init({"g": x}))
+    same(out["g"], x)

@@ -165,8 +165,9 @@ def scale_by_lazy_rowwise_adagrad(
         denom = jnp.sqrt(acc) + eps
         denom = denom.reshape(denom.shape + (1,) * len(axes))
         # A row whose accumulator is still 0 (zero gradients so far) with
-        # eps = 0 gets a zero update, not 0/0.
-        return jnp.where(denom > 0, g / jnp.where(denom > 0, denom, 1), 0), [acc]
+        # eps = 0 gets a zero update, not 0/0; a NaN gradient stays visible.
+        zero = denom == 0
+        return jnp.where(zero, 0, g / jnp.where(zero, 1, denom)), [acc]
 
     def update_fn(updates, state, params=None):
         if decay and params is None:

@@ -31,6 +31,7 @@ from ._tree import (
     check_like,
     gather_rows,
     is_rowsparse,
+    known_one,
     map_updates,
     mask_rows,
     scatter_rows,
@@ -139,8 +140,7 @@ def exact_lazy_sgd(
             "closed-form replay of skipped steps assumes the same step matrix every step. "
             "Use `lazy=False` with a schedule."
         )
-    values = {"learning_rate": learning_rate, "momentum": momentum}
-    values.update(weight_decay=weight_decay, rescale_grad=rescale_grad)
+    values = {"learning_rate": learning_rate, "momentum": momentum, "weight_decay": weight_decay}
     for name, value in values.items():
         if isinstance(value, jax.core.Tracer):
             raise TypeError(
@@ -166,7 +166,7 @@ def exact_lazy_sgd(
         dt = jnp.result_type(w, g)
         w0 = w
         w, m = _catch_up(w.astype(dt), None if m is None else m.astype(dt), skipped, powers, dt)
-        if rescale_grad != 1.0:
+        if not known_one(rescale_grad):
             g = rescale_grad * g
         if clip_gradient is not None:
             g = jnp.clip(g, -clip_gradient, clip_gradient)

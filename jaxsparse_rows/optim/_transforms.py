@@ -141,7 +141,8 @@ def global_norm(updates: Any) -> jax.Array:
 
     Use it instead of ``optax.tree.norm`` (``optax.global_norm``), which would
     also count the row ids of RowSparse leaves as values. Complex values count
-    ``|g|**2``. The sum is taken in float32, or float64 when a leaf is float64.
+    ``|g|**2``. Squares and sum are taken in float32 (float64 for float64
+    leaves), so float16, bfloat16 and integer leaves cannot overflow.
 
     Args:
       updates: a pytree of dense arrays and RowSparse leaves (``None`` leaves
@@ -160,9 +161,16 @@ def global_norm(updates: Any) -> jax.Array:
 
     def sq(_, u):
         data = mask_rows(u.data, u.indices, u.shape[0]) if is_rowsparse(u) else jnp.asarray(u)
-        real = jnp.finfo(data.dtype).dtype if jnp.issubdtype(data.dtype, jnp.inexact) else None
-        dtype = jnp.promote_types(jnp.float32, real or jnp.float32)
-        return (jnp.sum(abs_sq(data).real.astype(dtype)),)
+        # Widen before squaring: float16 squares overflow at 256 and int32's
+        # at 46341 (and bfloat16's lose digits).
+        if jnp.iscomplexobj(data):
+            return (
+                jnp.sum(abs_sq(data.astype(jnp.promote_types(data.dtype, jnp.complex64))).real),
+            )
+        dtype = jnp.promote_types(
+            jnp.float32, data.dtype if jnp.issubdtype(data.dtype, jnp.floating) else jnp.float32
+        )
+        return (jnp.sum(jnp.square(data.astype(dtype))),)
 
     sums = jax.tree.leaves(map_updates(sq, updates, n_out=1)[0])
     dtype = jnp.result_type(jnp.float32, *sums) if sums else jnp.float32
