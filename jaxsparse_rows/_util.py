@@ -201,8 +201,10 @@ def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def fit_ids(ids: jax.Array, n: int) -> jax.Array:
-    """64-bit ``ids`` into ``[0, n]``, ids outside ``[0, n)`` becoming ``n``, as
-    int32 where ``n`` fits; other ids unchanged.
+    """64-bit ``ids`` clipped to ``[-1, n]`` (``[0, n]`` if unsigned), as int32
+    where ``n`` fits; other ids unchanged. Ids in ``[0, n)`` keep their value,
+    the others stay out of range, and the order is kept (sorted ids stay
+    sorted, for ``indices_are_sorted``).
 
     XLA's CPU gather and scatter keep only the low 32 bits of a 64-bit index
     (``jnp.arange(10).at[2**32 + 1].get(mode="fill")`` reads element 1), so an
@@ -211,7 +213,8 @@ def fit_ids(ids: jax.Array, n: int) -> jax.Array:
     """
     if jnp.dtype(ids.dtype).itemsize <= 4:
         return ids
-    fitted = jnp.where((ids >= 0) & (ids < n), ids, n)
+    low = -1 if jnp.issubdtype(ids.dtype, jnp.signedinteger) else 0
+    fitted = jnp.clip(ids, low, n)
     return fitted.astype(jnp.int32) if n < np.iinfo(np.int32).max else fitted
 
 
