@@ -40,8 +40,10 @@ def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) ->
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"`{name}` must have an integer dtype, got {x.dtype}.")
     target = jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype if dtype is None else dtype))
-    if target != x.dtype and x.size and is_concrete(x):
-        values, info = np.asarray(x), np.iinfo(target)
+    src, info = np.iinfo(x.dtype), np.iinfo(target)
+    narrows = src.min < info.min or src.max > info.max  # int32 -> int64 cannot wrap
+    if narrows and x.size and is_concrete(x):
+        values = np.asarray(x)
         bad = (values < info.min) | (values > info.max)
         if np.any(bad):
             hint = "" if jax.config.jax_enable_x64 else " (enable jax_enable_x64 for 64-bit ids)"
