@@ -334,3 +334,22 @@ def test_exact_sgd_under_inject_hyperparams_with_the_documented_static_args():
         up, sp = jax.jit(plain.update)(g, sp, wp)
         wi, wp = jsr.optim.apply_updates(wi, ui), jsr.optim.apply_updates(wp, up)
     np.testing.assert_allclose(np.asarray(wi), np.asarray(wp), rtol=1e-6, atol=1e-7)
+
+
+def test_verbose_mode_says_which_update_each_parameter_got(caplog):
+    """A dense gradient for a table (no pull_rows view) is the usual silent slow
+    path; verbose mode names it at trace time."""
+    import logging
+
+    w = {"emb": jnp.ones((5, 2)), "b": jnp.ones(2)}
+    sparse = {"emb": jsr.RowSparse([[1.0, 1.0]], [1], shape=(5, 2)), "b": jnp.ones(2)}
+    dense = {"emb": jnp.ones((5, 2)), "b": jnp.ones(2)}
+    opt = jsr.optim.lazy_adam(0.1)
+    caplog.set_level(logging.INFO, logger="jaxsparse_rows")
+    with jsr.verbose():
+        jax.jit(opt.update)(sparse, opt.init(w), w)
+        jax.jit(opt.update)(dense, opt.init(w), w)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "lazy update params['emb'](row_sparse) -> row_sparse" in messages
+    assert "dense update params['emb'](default) -> default" in messages
+    assert "dense update params['b'](default) -> default" in messages

@@ -9,8 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._config import log_inference
 from .._row_moves import gather_sorted_rows, scatter_sorted_rows
 from .._rowsparse import RowSparse, mask_padding
+from .._storage import stype
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "
@@ -158,6 +160,11 @@ def apply_rule(
     if check_states:
         for s in states:
             check_like(path, grad, s, "optimizer state (shaped like the parameter)")
+    # Verbose mode says, once per trace, which update each parameter got: a
+    # dense gradient for a table is the usual sign of a missing pull_rows view.
+    kind = "lazy" if is_rowsparse(grad) and lazy else "dense"
+    out = "row_sparse" if kind == "lazy" else "default"
+    log_inference(f"{kind} update {path_name(path)}", (stype(grad),), out)
     if is_rowsparse(grad):
         if lazy:
             idx = grad.indices
