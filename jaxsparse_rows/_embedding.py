@@ -95,11 +95,12 @@ def embedding_bag(
     if padding_id is not None:
         if isinstance(padding_id, jax.core.Tracer) or not float(padding_id).is_integer():
             raise TypeError(f"`padding_id` must be a Python int, got {padding_id!r}.")
-        keep = keep & (ids != int(padding_id))
+        padding_id = int(padding_id)
+        keep = keep & (ids != padding_id)
     if is_concrete(ids):
         host = np.asarray(ids)
         if padding_id is not None:
-            host = np.where(host == int(padding_id), n, host)
+            host = np.where(host == padding_id, n, host)
         _check_id_range(host, n, "ids")
     # Skipped ids become V: not looked up, so they get no gradient entry.
     rows = take(table, jnp.where(keep, ids, n))  # [..., L, D1..Dn]
@@ -108,9 +109,7 @@ def embedding_bag(
     if mode == "max":
         if weights is not None:
             raise ValueError('`weights` are not defined for mode="max"; pass weights=None.')
-        lowest = jnp.array(
-            -jnp.inf if jnp.issubdtype(dtype, jnp.inexact) else jnp.iinfo(dtype).min, dtype
-        )
+        lowest = jnp.array(-jnp.inf, dtype)  # tables are floating (checked above)
         masked = jnp.where(keep.reshape(keep.shape + row_axes), rows, lowest)
         pooled = jnp.max(masked, axis=ids.ndim - 1, initial=lowest)
         any_kept = jnp.any(keep, axis=-1)

@@ -70,11 +70,13 @@ class SparseOperators:
 
         return power(self, other)
 
+    # Elementwise, as numpy, jax.numpy and MXNet's sparse arrays; None and
+    # other non-arrays compare by identity (see _is_operand).
     def __eq__(self, other: Any) -> Any:  # type: ignore[override]
-        return _compare("equal", self, other)
+        return _dense_op("equal", self, other)
 
     def __ne__(self, other: Any) -> Any:  # type: ignore[override]
-        return _compare("not_equal", self, other)
+        return _dense_op("not_equal", self, other)
 
     def __lt__(self, other: Any) -> Any:
         return _dense_op("less", self, other)
@@ -129,8 +131,9 @@ def _is_operand(x: Any) -> bool:
 
 def _dense_op(name: str, a: Any, b: Any) -> Any:
     """``jnp.<name>(a, b)`` on the dense forms, through the storage fallback (with
-    its warning): the ops whose result is dense anyway (``x < 1``, ``2 ** x``,
-    ``x // 2``), as jax.numpy computes them."""
+    its warning): the ops whose result is dense anyway (``x == y``, ``x < 1``,
+    ``2 ** x``, ``x // 2``), as jax.numpy computes them. ``NotImplemented`` for
+    a non-array operand, so Python falls back to identity for ``==``."""
     import jax.numpy as jnp
     import numpy as np
 
@@ -140,13 +143,3 @@ def _dense_op(name: str, a: Any, b: Any) -> Any:
         return NotImplemented
     a, b = (np.asarray(x) if isinstance(x, list | tuple) else x for x in (a, b))
     return apply_dense(getattr(jnp, name), a, b)
-
-
-def _compare(name: str, a: Any, b: Any) -> Any:
-    """Elementwise ``==`` / ``!=`` as jax.numpy and numpy do (and MXNet's sparse
-    arrays): the dense bool result, through the storage fallback (with its
-    warning), since zeros compare equal to zeros. ``None`` and objects that
-    are not arrays compare by identity, as Python's default."""
-    if b is None:
-        return NotImplemented
-    return _dense_op(name, a, b)
