@@ -353,3 +353,11 @@ def test_verbose_mode_says_which_update_each_parameter_got(caplog):
     assert "lazy update params['emb'](row_sparse) -> row_sparse" in messages
     assert "dense update params['emb'](default) -> default" in messages
     assert "dense update params['b'](default) -> default" in messages
+
+
+def test_global_norm_bad_input():
+    csr = jsr.csr_matrix(([3.0], [1], [0, 1]), shape=(1, 3))
+    with pytest.raises(TypeError, match=r"`updates\['c'\]` is a CSR"):
+        jsr.optim.global_norm({"c": csr})
+    with pytest.raises(TypeError, match="not a valid JAX array type"):
+        jsr.optim.global_norm({"a": "x"})

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .._csr import CSR
 from .._rowsparse import RowSparse
 from ._tree import (
     PARAMS_REQUIRED,
@@ -158,6 +159,15 @@ def global_norm(updates: Any) -> jax.Array:
       >>> jsr.optim.global_norm(g)  # optax.tree.norm(g) counts the ids: 7.14
       Array(5., dtype=float32)
     """
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(
+        updates, is_leaf=lambda x: isinstance(x, CSR)
+    ):
+        if isinstance(leaf, CSR):
+            raise TypeError(
+                f"`updates{jax.tree_util.keystr(path)}` is a CSR, whose column ids would be "
+                "counted as values; gradients of parameters are dense or RowSparse."
+            )
 
     def sq(_, u):
         data = mask_rows(u.data, u.indices, u.shape[0]) if is_rowsparse(u) else jnp.asarray(u)
