@@ -93,6 +93,21 @@ class SparseOperators:
     def __pos__(self) -> Any:
         return self
 
+    def __bool__(self) -> bool:
+        # As numpy and jax.Array: only a one-element array has a truth value.
+        # Without this, Python would use ``__len__`` and call any array with
+        # rows true, whatever its values.
+        name = type(self).__name__
+        if self.size == 1:  # type: ignore[attr-defined]
+            return bool(self.todense().reshape(()))  # type: ignore[attr-defined]
+        what = f"an empty {name}" if self.size == 0 else f"a {name} of more than one element"  # type: ignore[attr-defined]
+        raise ValueError(
+            f"the truth value of {what} (shape "
+            f"{tuple(self.shape)}) is ambiguous. Use `x.size > 0` to test for "  # type: ignore[attr-defined]
+            "elements, `x.nnz_rows > 0` (RowSparse) or `x.nnz > 0` (CSR) for stored "
+            "entries, or `jnp.any(x.todense())` / `jnp.all(x.todense())` for values."
+        )
+
     def __rpow__(self, other: Any) -> Any:
         return _dense_op("power", other, self)
 

@@ -352,6 +352,39 @@ def test_indexing_is_refused_with_the_ops_to_use(key):
         list(x)
 
 
+TRUTH_CASES = [
+    (stype, shape, rows)
+    for stype in ("row_sparse", "csr")
+    for shape in [(0, 3), (2, 0), (1, 1), (1,), (3, 2), (1, 1, 1), (4,)]
+    for rows in (0, 1)
+    if rows <= shape[0] and (stype == "row_sparse" or len(shape) == 2)
+]
+
+
+@pytest.mark.parametrize("stype, shape, rows", TRUTH_CASES)
+def test_truth_value_follows_numpy(stype, shape, rows):
+    """``bool(x)`` is the dense array's: defined for one element only. Python
+    used to fall back on ``__len__``, so any RowSparse with rows was true."""
+    dense = np.zeros(shape, np.float32)
+    dense[:rows] = 1.5
+    x = jsr.cast_storage(jnp.asarray(dense), stype)
+    try:
+        want = bool(dense)
+    except ValueError:
+        with pytest.raises(ValueError, match=r"truth value of .*ambiguous.*x\.size > 0"):
+            bool(x)
+    else:
+        assert bool(x) is want
+        with pytest.raises(jax.errors.TracerBoolConversionError):
+            jax.jit(lambda x: 1 if x else 0)(x)
+
+
+def test_truth_value_of_a_stored_zero_is_false():
+    assert not jsr.RowSparse([[0.0]], [0], shape=(1, 1))
+    assert not jsr.csr_matrix(([0.0], [0], [0, 1]), shape=(1, 1))
+    assert jsr.csr_matrix(([-2.0], [0], [0, 1]), shape=(1, 1))
+
+
 def test_host_indices_are_validated_inside_jit_too():
     """numpy / list indices are known inside jit; jnp.asarray used to trace them
     first, so nothing was checked (duplicates made todense and sum disagree)."""
