@@ -16,7 +16,9 @@ backward, Adam. Contenders, each one step function:
 Two variants of ``jsr`` are measured beside it and judged by no target: its
 step jitted with XLA:CPU's loop emitters (``jsr_lean``, timed and measured
 for memory), and its step compiled ahead of time from abstract shapes before
-the table and state exist (``jsr_aot``, memory only).
+the table and state exist (``jsr_aot``, memory only). The memory table also
+has the V sweep's gather/scatter floor (``floor``): the same three [V, D]
+arrays in a step that does nothing else, the least any JAX step needs.
 
 Targets: the jsr step at least 30x faster than JAX dense and at least 1.8x
 faster than torch; peak resident memory of 100 steps (each path in its own
@@ -74,8 +76,12 @@ JSR_LEAN = "jsr, compiler_options loop emitters"
 # (``jax.eval_shape``) before the table and state exist, so the compiler's
 # transient memory comes and goes while the process is small.
 JSR_AOT = "jsr, compiled before the state exists"
+# The floor of the V sweep, also measured for memory: a jitted, donated step
+# that holds the same three [V, D] arrays and only gathers and scatters the
+# batch's rows. Its peak is what any JAX process holding this state needs.
+FLOOR = "floor (gather/scatter of the touched rows x 3)"
 TIMED_PATHS = {**PATHS, "jsr_lean": JSR_LEAN}
-ALL_PATHS = {**TIMED_PATHS, "jsr_aot": JSR_AOT}
+ALL_PATHS = {**TIMED_PATHS, "jsr_aot": JSR_AOT, "floor": FLOOR}
 
 
 def make_batches(v: int, b: int, seed: int = 0):
@@ -264,7 +270,6 @@ def floor_setup(v: int, d: int, batches):
     return call
 
 
-FLOOR = "floor (gather/scatter of the touched rows x 3)"
 SETUPS = {
     "jsr": jsr_setup,
     "jsr_lean": functools.partial(jsr_setup, compiler_options=LEAN_OPTIONS),
@@ -506,10 +511,11 @@ def main(argv=None) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     p.add_argument(
         "--memory-paths",
-        default="jsr,jsr_lean,jsr_aot,dense,torch,hand",
+        default="jsr,jsr_lean,jsr_aot,floor,dense,torch,hand",
         help="comma-separated paths measured for memory (default all: jsr,jsr_lean,jsr_aot,"
-        "dense,torch,hand; jsr_lean is jsr's step with XLA:CPU's loop emitters, jsr_aot "
-        "jsr's step compiled from abstract shapes before the state is built)",
+        "floor,dense,torch,hand; jsr_lean is jsr's step with XLA:CPU's loop emitters, jsr_aot "
+        "jsr's step compiled from abstract shapes before the state is built, floor a step "
+        "that only gathers and scatters the touched rows of the same three [V, D] arrays)",
     )
     p.add_argument("--memory-child", choices=sorted(ALL_PATHS), help=h.argparse.SUPPRESS)
     args = p.parse_args(argv)

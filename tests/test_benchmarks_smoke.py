@@ -81,11 +81,14 @@ def test_lazy_update_smoke(tmp_path):
 
 
 def test_embedding_step_smoke(tmp_path):
-    out, rec = run_smoke("embedding_step.py", tmp_path, "--memory-paths", "jsr", "--steps", "3")
+    out, rec = run_smoke(
+        "embedding_step.py", tmp_path, "--memory-paths", "jsr,floor", "--steps", "3"
+    )
     check_record(rec, "embedding_step")
     assert "[skip] torch" in out
     mem = rec["extra"]["memory"]["paths"]
     assert mem["jsr (pull_rows + lazy_adam)"]["peak_mb"] > 0
+    assert mem["floor (gather/scatter of the touched rows x 3)"]["steady_mb"] > 0
     compile_checks = [t for t in rec["targets"] if "compiles nothing" in t["label"]]
     assert compile_checks and all(t["verdict"] == "PASS" for t in compile_checks)
 
