@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
@@ -87,7 +88,7 @@ def _validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarr
             raise ValueError(f"padding slots past indptr[-1] = {nnz} must hold zero `data`.")
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class CSR(SparseOperators):
     """A 2-D compressed-sparse-row matrix with a static entry capacity ``nse``.
 
@@ -157,6 +158,10 @@ class CSR(SparseOperators):
         obj = object.__new__(cls)
         obj.data, obj.indices, obj.indptr, obj.shape = data, indices, indptr, tuple(shape)
         return obj
+
+    def tree_flatten_with_keys(self):
+        # Named children: key paths read `.data` / `.indices` (checkpoint names).
+        return ((GetAttrKey("data"), self.data), (GetAttrKey("indices"), self.indices), (GetAttrKey("indptr"), self.indptr)), self.shape
 
     def tree_flatten(self):
         return (self.data, self.indices, self.indptr), self.shape

@@ -11,6 +11,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ._ids import slots_in, unique_rows
+from ._operators import SparseOperators
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
@@ -68,6 +69,13 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
       Array([[2., 3.],
              [8., 9.]], dtype=float32)
     """
+    if isinstance(table, SparseOperators):
+        raise TypeError(
+            f"`table` must be a dense [V, ...] array, got {table!r}. A RowSparse table "
+            "usually means the updates were applied to the view rather than the "
+            "parameters: write `jsr.optim.apply_updates(params, updates)`, not "
+            "`apply_updates(view, updates)`. Densify on purpose with `table.todense()`."
+        )
     if not isinstance(table, jax.Array):
         table = jnp.asarray(table)
     if table.ndim < 1:

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
@@ -133,7 +134,7 @@ def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices"
     return n_real
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class RowSparse(SparseOperators):
     """A ``[N, D1, ..., Dn]`` array stored as its non-zero rows.
 
@@ -218,6 +219,10 @@ class RowSparse(SparseOperators):
         return obj
 
     # -- pytree -------------------------------------------------------------
+    def tree_flatten_with_keys(self):
+        # Named children: key paths read `.data` / `.indices` (checkpoint names).
+        return ((GetAttrKey("data"), self.data), (GetAttrKey("indices"), self.indices)), self.shape
+
     def tree_flatten(self):
         return (self.data, self.indices), self.shape
 

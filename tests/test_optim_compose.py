@@ -180,6 +180,35 @@ def test_rowsparse_params_rejected():
         jsr.optim.lazy_adam(0.1).init({"emb": p})
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_rowsparse_params_rejected_by_update_and_apply_updates(jit):
+    """Updates applied to a `pull_rows` view leave a RowSparse parameter;
+    `apply_updates` then mapped over its data *and row ids* (doubling the ids)."""
+    w = jnp.ones((5, 2))
+    view = jsr.pull_rows(w, jnp.array([1, 3]))
+    u = jsr.RowSparse([[1.0, 1.0]], [1], shape=(5, 2))
+    apply = jax.jit(jsr.optim.apply_updates) if jit else jsr.optim.apply_updates
+    with pytest.raises(TypeError, match=r"`params\['emb'\]` is a RowSparse.*pull_rows. view"):
+        apply({"emb": view}, {"emb": u})
+    opt = jsr.optim.lazy_sgd(0.1, momentum=0.9, weight_decay=0.1)
+    update = jax.jit(opt.update) if jit else opt.update
+    with pytest.raises(TypeError, match=r"`params\['emb'\]` is a RowSparse"):
+        update({"emb": u}, opt.init({"emb": w}), {"emb": view})
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_float0_row_ids_from_jax_grad_are_refused(name):
+    """`jax.grad(..., allow_int=True)` of a view gives a RowSparse whose row
+    ids are float0; the optimizers failed on it with an indexing error."""
+    w = jnp.ones((5, 2))
+    ids = jnp.array([1, 3])
+    g = jax.grad(lambda v: jnp.sum(jsr.take(v, ids) ** 2), allow_int=True)(jsr.pull_rows(w, ids))
+    assert g.indices.dtype == jax.dtypes.float0
+    opt = OPTS[name]()
+    with pytest.raises(TypeError, match=r"`params\['emb'\]`.*float0.*jsr\.grad"):
+        opt.update({"emb": g}, opt.init({"emb": w}), {"emb": w})
+
+
 def test_nonfinite_gradient_rows_stay_local():
     # Documented behaviour: NaN in a listed row poisons that row (weights and
     # state) only; other rows are untouched.

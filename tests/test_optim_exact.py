@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_optim_common import grad_sequence, run_steps
 
 import jaxsparse_rows as jsr
@@ -111,3 +113,126 @@ def test_exact_state_fields_are_found_by_optax_tree_utils():
     assert len(jax.tree.leaves(state)) == 3  # the hyperparameters are not leaves
     u, after = jax.jit(opt.update)(jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2)), state, w)
     assert after.hparams == (0.1, 0.9, False, 0.0)
+
+
+# -- catch_up: the rows a forward pass reads, current before it reads them ----
+
+
+def _train(cfg, catch, seed, n_steps, jit=True, v=15, dtype=jnp.float32):
+    """Trains ``{"emb": [v, 2], "h": [2]}`` on a loss whose gradient depends on
+    the rows it reads, with exact lazy SGD (optionally ``catch_up`` first) and
+    with optax's dense SGD; returns both parameter trees after ``flush``."""
+    rng = np.random.default_rng(seed)
+    params = {
+        "emb": jnp.asarray(rng.normal(size=(v, 2)), dtype),
+        "h": jnp.asarray(rng.normal(size=(2,)), dtype),
+    }
+    opt = jsr.optim.lazy_sgd(0.1, lazy="exact", **cfg)
+    dense = optax.chain(
+        optax.add_decayed_weights(cfg.get("weight_decay", 0.0)),
+        optax.sgd(0.1, momentum=cfg.get("momentum"), nesterov=cfg.get("nesterov", False)),
+    )
+
+    def loss(p, ids):
+        return jnp.sum(jnp.tanh(jsr.take(p["emb"], ids) @ p["h"]) ** 2)
+
+    def step(p, s, ids):
+        if catch:
+            p, s = jsr.optim.catch_up(p, s, {"emb": ids, "h": None})
+        view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
+        u, s = opt.update(jsr.grad(loss)(view, ids), s, p)
+        return jsr.optim.apply_updates(p, u), s
+
+    def dense_step(p, s, ids):
+        u, s = dense.update(jax.grad(loss)(p, ids), s, p)
+        return optax.apply_updates(p, u), s
+
+    if jit:
+        step, dense_step = jax.jit(step), jax.jit(dense_step)
+    p, s, dp, ds = params, opt.init(params), params, dense.init(params)
+    for _ in range(n_steps):
+        # duplicates, and the padding id v, included
+        ids = jnp.asarray(rng.integers(0, v + 1, (2, 2)), jnp.int32)
+        p, s = step(p, s, ids)
+        dp, ds = dense_step(dp, ds, ids)
+    p, s = jsr.optim.flush(p, s)
+    return p, dp
+
+
+CATCH_UP_CASES = [
+    (cfg, True) for cfg in CONFIGS[:2] + CONFIGS[4:] + [dict(momentum=0.5, weight_decay=0.1)]
+] + [(CONFIGS[4], False)]
+
+
+@pytest.mark.parametrize(("cfg", "jit"), CATCH_UP_CASES)
+def test_catch_up_makes_weight_dependent_training_equal_dense(cfg, jit):
+    n_steps = 30 if jit else 4
+    with jax.enable_x64(True):  # float64 separates float error from a missed step
+        p, dp = _train(cfg, True, 3, n_steps, jit, dtype=jnp.float64)
+        for k in p:
+            np.testing.assert_allclose(np.asarray(p[k]), np.asarray(dp[k]), rtol=1e-10, atol=1e-12)
+        # Without catch_up the gradients are taken at stale rows: the test's
+        # loss really depends on the rows it reads.
+        stale, dp = _train(cfg, False, 3, n_steps, jit, dtype=jnp.float64)
+        assert np.max(np.abs(np.asarray(stale["emb"]) - np.asarray(dp["emb"]))) > 1e-4
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16), v=st.integers(1, 12), n_steps=st.integers(1, 8))
+def test_catch_up_property(seed, v, n_steps):
+    p, dp = _train(dict(momentum=0.9, weight_decay=0.01), True, seed, n_steps, v=v)
+    for k in p:
+        np.testing.assert_allclose(np.asarray(p[k]), np.asarray(dp[k]), rtol=2e-4, atol=2e-5)
+
+
+def test_catch_up_inside_multi_transform_and_on_a_bare_array():
+    w = jnp.arange(8.0).reshape(4, 2)
+    exact = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
+    tx = optax.multi_transform({"e": exact, "d": optax.sgd(0.1)}, {"emb": "e", "h": "d"})
+    params = {"emb": w, "h": jnp.ones(2)}
+    s = tx.init(params)
+    g = {"emb": jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2)), "h": jnp.ones(2)}
+    for _ in range(3):  # row 1 touched three times, then left alone
+        u, s = tx.update(g, s, params)
+        params = jsr.optim.apply_updates(params, u)
+    g = {"emb": jsr.RowSparse([[0.0, 0.0]], [3], shape=(4, 2)), "h": jnp.zeros(2)}
+    for _ in range(2):  # two steps that skip row 1
+        u, s = tx.update(g, s, params)
+        params = jsr.optim.apply_updates(params, u)
+    flushed, _ = jsr.optim.flush(params, s)
+    caught, s2 = jsr.optim.catch_up(params, s, {"emb": jnp.array([1, 1, 4]), "h": None})
+    np.testing.assert_allclose(np.asarray(caught["emb"]), np.asarray(flushed["emb"]), rtol=1e-6)
+    assert not np.allclose(np.asarray(params["emb"])[1], np.asarray(flushed["emb"])[1])
+    # Caught-up rows are current: the next update replays nothing for them.
+    last = s2.inner_states["e"].inner_state.last_step["emb"]
+    np.testing.assert_array_equal(np.asarray(last), [0, 5, 0, 5])
+    np.testing.assert_array_equal(np.asarray(caught["h"]), np.asarray(params["h"]))
+    # A single array of parameters takes a single id array.
+    s = exact.init(w)
+    u, s = exact.update(jsr.RowSparse([[1.0, 1.0]], [0], shape=(4, 2)), s, w)
+    w1 = jsr.optim.apply_updates(w, u)
+    u, s = exact.update(jsr.RowSparse([[0.0, 0.0]], [2], shape=(4, 2)), s, w1)
+    w2 = jsr.optim.apply_updates(w1, u)
+    want, _ = jsr.optim.flush(w2, s)
+    got, _ = jax.jit(jsr.optim.catch_up)(w2, s, jnp.array([0]))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_catch_up_bad_input():
+    w = jnp.zeros((4, 2))
+    opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
+    s = opt.init({"emb": w})
+    with pytest.raises(ValueError, match=r"`ids` must have the structure of `params`"):
+        jsr.optim.catch_up({"emb": w}, s, {"other": jnp.array([0])})
+    with pytest.raises(ValueError, match=r"`ids` must lie in \[0, 4\)"):
+        jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.array([7])})
+    with pytest.raises(TypeError, match="`ids` must have an integer dtype"):
+        jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.array([0.5])})
+    # Empty ids and other optimizers' state: nothing to do, nothing changed.
+    out, s2 = jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.zeros((0,), jnp.int32)})
+    assert out["emb"] is w and s2.last_step["emb"] is s.last_step["emb"]
+    adam = jsr.optim.lazy_adam(0.1)
+    st_adam = adam.init({"emb": w})
+    out, st2 = jsr.optim.catch_up({"emb": w}, st_adam, {"emb": jnp.array([1])})
+    assert out["emb"] is w
+    assert all(a is b for a, b in zip(jax.tree.leaves(st2), jax.tree.leaves(st_adam), strict=True))

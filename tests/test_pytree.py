@@ -183,3 +183,19 @@ def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
     tx = optax.zero_nans()
     out, _ = tx.update({"g": x}, tx.init({"g": x}))
     same(out["g"], x)
+
+
+def test_key_paths_name_the_children():
+    """Checkpoint libraries name leaves by key path: `.data`, `.indices`, `.indptr`."""
+    tree = {
+        "emb": jsr.RowSparse([[1.0]], [0], shape=(2, 1)),
+        "x": jsr.csr_matrix(([1.0], [0], [0, 1]), shape=(1, 1)),
+    }
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(tree)[0], strict=True)
+    names = [jax.tree_util.keystr(p) for p in paths]
+    assert names == [
+        "['emb'].data", "['emb'].indices", "['x'].data", "['x'].indices", "['x'].indptr"
+    ]
+    assert all(a is b for a, b in zip(leaves, jax.tree.leaves(tree), strict=True))
+    back = jax.tree_util.tree_map_with_path(lambda p, x: x, tree)
+    jsr.testing.assert_allclose(back["emb"], tree["emb"])

@@ -141,6 +141,17 @@ def test_pull_rows_bad_input(table, ids, size, exc, match):
         jsr.pull_rows(table, ids, size=size)
 
 
+def test_pull_rows_refuses_a_sparse_table():
+    """`optax.apply_updates(view, updates)` (a slip for `params`) gives a
+    RowSparse table; pulling from it densified it on the host eagerly, zeroing
+    every row it did not store, and failed obscurely under jit."""
+    view = jsr.pull_rows(jnp.ones((6, 2)), jnp.array([1, 3]))
+    for table in (view + view, jsr.cast_storage(jnp.eye(3), "csr")):
+        for f in (jsr.pull_rows, jax.jit(jsr.pull_rows)):
+            with pytest.raises(TypeError, match=r"`table` must be a dense.*apply_updates\(params"):
+                f(table, jnp.array([0]))
+
+
 def test_pull_rows_traced_size_is_an_error():
     with pytest.raises(TypeError, match="`size` must be a concrete Python int"):
         jax.jit(lambda t, i, s: jsr.pull_rows(t, i, size=s))(jnp.ones((3, 1)), jnp.array([0]), 1)

@@ -14,6 +14,7 @@ from ._adam import lazy_adamw as lazy_adamw
 from ._adam import scale_by_lazy_adam as scale_by_lazy_adam
 from ._apply import apply_updates as apply_updates
 from ._exact import ExactLazySgdState as ExactLazySgdState
+from ._exact import catch_up as catch_up
 from ._exact import flush as flush
 from ._ftrl import LazyFtrlState as LazyFtrlState
 from ._ftrl import lazy_ftrl as lazy_ftrl
@@ -40,6 +41,7 @@ __all__ = [
     "SkipNonfiniteState",
     "add_decayed_weights",
     "apply_updates",
+    "catch_up",
     "clip_by_global_norm",
     "flush",
     "global_norm",

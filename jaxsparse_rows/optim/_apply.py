@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._operators import SparseOperators
 from ._tree import check_like, gather_rows, is_rowsparse, scatter_rows
 
 
@@ -51,4 +52,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
             return scatter_rows(p, u.indices, rows)
         return jnp.asarray(p + u).astype(p.dtype)
 
-    return jax.tree_util.tree_map_with_path(leaf, params, updates, is_leaf=lambda x: x is None)
+    # Sparse arrays are leaves, so a RowSparse in `params` reaches `check_like`
+    # (and is refused) instead of being mapped over its data and row ids.
+    is_leaf = lambda x: x is None or isinstance(x, SparseOperators)  # noqa: E731
+    return jax.tree_util.tree_map_with_path(leaf, params, updates, is_leaf=is_leaf)

@@ -1,6 +1,7 @@
 """Exact lazy SGD: momentum and weight decay of skipped steps replayed in
-closed form when a row is touched again, and :func:`flush` to bring every
-row up to date.
+closed form when a row is touched again, :func:`catch_up` to bring the rows a
+batch reads up to date before its forward pass, and :func:`flush` to bring
+every row up to date.
 
 With a zero gradient one SGD step is linear in ``(w_r, m_r)``::
 
@@ -23,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._ids import unique_rows
+from .._rows import _as_ids, _check_id_range
 from .._rowsparse import RowSparse
 from ._tree import (
     PARAMS_REQUIRED,
@@ -240,10 +243,8 @@ def flush(params: Any, state: Any) -> tuple[Any, Any]:
       >>> w[:, 0]
       Array([-0.15, -0.1 ], dtype=float32)
     """
-    is_exact = lambda x: isinstance(x, ExactLazySgdState)
-    found = [x for x in jax.tree.leaves(state, is_leaf=is_exact) if is_exact(x)]
     new_nodes = {}
-    for node in found:
+    for node in _exact_nodes(state):
         t = node.count
         flat_p, treedef = jax.tree.flatten(params, is_leaf=lambda x: x is None)
         flat_m = treedef.flatten_up_to(node.trace)
@@ -258,7 +259,99 @@ def flush(params: Any, state: Any) -> tuple[Any, Any]:
         trace = treedef.unflatten(flat_m)
         last = treedef.unflatten(flat_last)
         new_nodes[id(node)] = ExactLazySgdState(node.count, trace, last, node.hparams)
-    state = jax.tree.map(
+    return params, _replace_nodes(state, new_nodes)
+
+
+def _exact_nodes(state: Any) -> list[ExactLazySgdState]:
+    is_exact = lambda x: isinstance(x, ExactLazySgdState)  # noqa: E731
+    return [x for x in jax.tree.leaves(state, is_leaf=is_exact) if is_exact(x)]
+
+
+def _replace_nodes(state: Any, new_nodes: dict) -> Any:
+    is_exact = lambda x: isinstance(x, ExactLazySgdState)  # noqa: E731
+    return jax.tree.map(
         lambda x: new_nodes.get(id(x), x) if is_exact(x) else x, state, is_leaf=is_exact
     )
-    return params, state
+
+
+def _catch_up_leaf(p, m, last, ids, t, hparams):
+    p = jnp.asarray(p)
+    n = p.shape[0]
+    flat = _as_ids(ids).reshape(-1)
+    _check_id_range(flat, n, "ids")
+    if flat.shape[0] == 0 or n == 0:
+        return p, m, last
+    uniq, _ = unique_rows(flat, n, flat.shape[0])  # sorted, unique, padded with n
+    w = gather_rows(p, uniq)
+    mr = None if m is None else gather_rows(m, uniq).astype(p.dtype)
+    w, mr = _catch_up(w, mr, t - gather_rows(last, uniq), _powers(*hparams), p.dtype)
+    p = scatter_rows(p, uniq, w)
+    m = None if m is None else scatter_rows(m, uniq, mr)
+    return p, m, scatter_rows(last, uniq, jnp.broadcast_to(t, uniq.shape))
+
+
+def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
+    """Brings the rows ``ids`` of ``lazy_sgd(..., lazy="exact")`` parameters up to date.
+
+    Exact mode replays a row's skipped momentum and weight-decay steps when
+    the row is next *updated*, but the forward pass that computes that update
+    reads the row first. Call ``catch_up`` with the batch's ids before the
+    forward pass (before :func:`~jaxsparse_rows.pull_rows`) and the gradient is
+    taken at the row's current value, so training equals dense SGD (to float
+    tolerance after :func:`flush`). It costs O(k) rows, like the update.
+
+    Args:
+      params: the parameters.
+      state: the optimizer state, or any tree containing it (a chain's tuple,
+        ``optax.multi_transform``'s state).
+      ids: the row ids the forward pass reads, for each parameter: a tree with
+        ``params``' structure, or a prefix of it, whose leaves are integer id
+        arrays (any shape, duplicates and the padding id ``V`` allowed) or
+        ``None`` for parameters to leave alone. For a single array ``params``,
+        an id array.
+
+    Returns:
+      ``(params, state)`` with those rows current.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
+      >>> w = jnp.zeros((2, 1))
+      >>> s = opt.init(w)
+      >>> u, s = opt.update(jsr.RowSparse([[1.]], [0], shape=(2, 1)), s, w)
+      >>> w = jsr.optim.apply_updates(w, u)
+      >>> u, s = opt.update(jsr.RowSparse([[1.]], [1], shape=(2, 1)), s, w)
+      >>> w = jsr.optim.apply_updates(w, u)
+      >>> w, s = jsr.optim.catch_up(w, s, jnp.array([0]))  # row 0 owes one step
+      >>> w[:, 0]
+      Array([-0.15, -0.1 ], dtype=float32)
+    """
+    is_none = lambda x: x is None  # noqa: E731
+    flat_ids, ids_def = jax.tree.flatten(ids, is_leaf=is_none)
+    try:
+        flat_p = ids_def.flatten_up_to(params)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            "`ids` must have the structure of `params`, or a prefix of it, with an id "
+            f"array or None per parameter; got ids {ids_def} for params "
+            f"{jax.tree.structure(params)}."
+        ) from e
+    new_nodes = {}
+    for node in _exact_nodes(state):
+        flat_m = ids_def.flatten_up_to(node.trace)
+        flat_last = ids_def.flatten_up_to(node.last_step)
+        for j, i in enumerate(flat_ids):
+            last = flat_last[j]
+            if i is None or flat_p[j] is None or isinstance(last, optax.MaskedNode):
+                continue
+            if not hasattr(flat_p[j], "shape") or not hasattr(last, "shape"):
+                raise ValueError(
+                    "each id array in `ids` must stand for one parameter array; at "
+                    f"position {j} it stands for {jax.tree.structure(flat_p[j])}."
+                )
+            flat_p[j], flat_m[j], flat_last[j] = _catch_up_leaf(
+                flat_p[j], flat_m[j], last, i, node.count, node.hparams
+            )
+        trace, last_step = ids_def.unflatten(flat_m), ids_def.unflatten(flat_last)
+        new_nodes[id(node)] = ExactLazySgdState(node.count, trace, last_step, node.hparams)
+    return ids_def.unflatten(flat_p), _replace_nodes(state, new_nodes)

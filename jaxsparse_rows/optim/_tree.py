@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._config import log_inference
+from .._operators import SparseOperators
 from .._row_moves import gather_sorted_rows, scatter_sorted_rows
 from .._rowsparse import RowSparse, mask_padding
 from .._storage import stype
@@ -84,6 +85,14 @@ def map_updates(
     other trees' leaves unchanged in the rest.
     """
     flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=_is_leaf)
+    for path, leaf in flat:
+        if is_rowsparse(leaf) and leaf.indices.dtype == jax.dtypes.float0:
+            raise TypeError(
+                f"the gradient for `{path_name(jax.tree_util.keystr(path))}` is a "
+                "RowSparse whose row ids are float0: it is the cotangent `jax.grad` / "
+                "`jax.vjp` build for a RowSparse input, not a gradient. Differentiate "
+                "with `jsr.grad` / `jsr.value_and_grad`, which return the row ids."
+            )
     flat_others = [[None] * len(flat) if o is None else treedef.flatten_up_to(o) for o in others]
     outs = []
     for i, (path, leaf) in enumerate(flat):
@@ -99,6 +108,13 @@ def check_like(path: str, grad: Any, like: Any, what: str = "parameter") -> None
     """Raises when the gradient leaf's (dense) shape differs from ``like``'s."""
     if like is None:
         return
+    if what == "parameter" and isinstance(like, SparseOperators):
+        raise TypeError(
+            f"`{path_name(path)}` is a {type(like).__name__}, but parameters are dense "
+            "arrays: only gradients and updates are RowSparse. A RowSparse parameter "
+            "usually means the updates were applied to a `pull_rows` view: write "
+            "`apply_updates(params, updates)` with the dense parameters, not the view."
+        )
     gshape = tuple(grad.shape)
     lshape = tuple(jnp.shape(like))
     if gshape != lshape:
