@@ -161,7 +161,11 @@ class CSR(SparseOperators):
 
     def tree_flatten_with_keys(self):
         # Named children: key paths read `.data` / `.indices` (checkpoint names).
-        return ((GetAttrKey("data"), self.data), (GetAttrKey("indices"), self.indices), (GetAttrKey("indptr"), self.indptr)), self.shape
+        return (
+            (GetAttrKey("data"), self.data),
+            (GetAttrKey("indices"), self.indices),
+            (GetAttrKey("indptr"), self.indptr),
+        ), self.shape
 
     def tree_flatten(self):
         return (self.data, self.indices, self.indptr), self.shape

@@ -194,7 +194,11 @@ def test_key_paths_name_the_children():
     paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(tree)[0], strict=True)
     names = [jax.tree_util.keystr(p) for p in paths]
     assert names == [
-        "['emb'].data", "['emb'].indices", "['x'].data", "['x'].indices", "['x'].indptr"
+        "['emb'].data",
+        "['emb'].indices",
+        "['x'].data",
+        "['x'].indices",
+        "['x'].indptr",
     ]
     assert all(a is b for a, b in zip(leaves, jax.tree.leaves(tree), strict=True))
     back = jax.tree_util.tree_map_with_path(lambda p, x: x, tree)
