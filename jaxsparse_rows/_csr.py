@@ -21,6 +21,7 @@ from ._util import (
     check_static_int,
     check_unbatched,
     check_unflattened_ids,
+    fit_ids,
     index_dtype,
     is_concrete,
     shape_str,
@@ -39,7 +40,9 @@ def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
     idt = index_dtype()
     if nse == 0:
         return jnp.zeros((0,), idt)
-    marks = jnp.zeros((nse,), idt).at[indptr[1:]].add(1, mode="drop")
+    # fit_ids: XLA:CPU truncates 64-bit indices, so a malformed indptr past
+    # 2**32 would mark a real slot.
+    marks = jnp.zeros((nse,), idt).at[fit_ids(indptr[1:], nse)].add(1, mode="drop")
     return jnp.cumsum(marks, dtype=idt)
 
 

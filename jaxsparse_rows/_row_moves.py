@@ -21,12 +21,12 @@ from jax.custom_derivatives import SymbolicZero
 from . import _native
 from ._gather_prim import gather
 from ._kernel_call import on_cpu
-from ._util import explicit_spec
+from ._util import explicit_spec, fit_ids
 
 
 def _scatter_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
     table = jnp.asarray(table)
-    ref = table.at[ids]
+    ref = table.at[fit_ids(ids, table.shape[0])]  # XLA:CPU truncates 64-bit indices
     kw = dict(indices_are_sorted=True, unique_indices=True, wrap_negative_indices=False)
     spec = explicit_spec(table)  # sharding in types: the result keeps the table's
     if spec is not None:

@@ -228,6 +228,36 @@ def test_repeated_ids_on_the_threaded_path_are_added_once(rng, ids):
     np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(want[:, None], (n, d)))
 
 
+@pytest.mark.parametrize("pattern", ["alternating", "shuffled", "padding_between"])
+def test_unsorted_repeats_on_the_threaded_path_are_added_once(rng, pattern):
+    """Ids traced into a RowSparse under jit are not validated. Repeats that
+    are not adjacent (0, 1, 0, 1, ...) used to be split over threads, which
+    then added into one row at once and lost updates (about half of the runs
+    with 2 threads). Such ids now run on one thread, in order, like XLA's
+    scatter: every repeat is added exactly once, every run."""
+    n, k, d = 4, 2000, 4096  # long enough pieces that the pool's thread joins in
+    ids = np.arange(k) % 2
+    if pattern == "shuffled":
+        ids = rng.permutation(np.arange(k) % n)
+    elif pattern == "padding_between":
+        ids = np.where(np.arange(k) % 2 == 0, 1, n)  # 1, N, 1, N, ...: not adjacent
+    ids = ids.astype(np.int32)
+    want = np.broadcast_to(np.bincount(ids[ids < n], minlength=n)[:, None], (n, d))
+    f = jax.jit(lambda t, r, i: t + jsr.RowSparse(r, i, (n, d)))
+    rows = jnp.ones((k, d), jnp.float32)
+    for _ in range(8):  # a lost update shows in some runs only
+        np.testing.assert_array_equal(np.asarray(f(jnp.zeros((n, d)), rows, ids)), want)
+    set_rows = jnp.asarray(np.repeat(np.arange(k, dtype=np.float32)[:, None], d, 1))
+    got = np.asarray(
+        jax.jit(lambda t, i, r: _scatter_native(t, i, r, False))(
+            jnp.zeros((n, d)), jnp.asarray(ids), set_rows
+        )
+    )
+    # Set: the last write of each row wins, whole (never a mix of two rows).
+    for row in np.unique(ids[ids < n]):
+        np.testing.assert_array_equal(got[row], np.float32(np.nonzero(ids == row)[0][-1]))
+
+
 @pytest.mark.parametrize("n_live", [0, 1, 2048, 4000])
 def test_threaded_path_with_a_long_padding_tail(rng, n_live):
     """Half or more of the slots padding (the id N repeated): the padding is
@@ -609,3 +639,39 @@ for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", 
     assert runs == [["True"] * 4] * 3, proc.stdout
     ops = [ln for ln in lines if ln.split()[0] not in ("True", "False")]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_int64_ids_past_2_32_are_dropped_by_both_scatters(on):
+    """XLA:CPU's scatter keeps the low 32 bits of an int64 index, so the XLA
+    twin wrote id 2**32 + 1 into row 1 where the kernel drops it; both (and
+    the JVP's tangent, which always runs the twin) now drop it."""
+    with jax.enable_x64(True), kernels_set(on):
+        idx = jnp.array([0, 2**32 + 1], jnp.int64)
+        f = jax.jit(lambda dense, i: dense + jsr.RowSparse(jnp.ones((2, 2)), i, (4, 2)))
+        want = np.array([[1, 1], [0, 0], [0, 0], [0, 0]], np.float64)
+        np.testing.assert_array_equal(np.asarray(f(jnp.zeros((4, 2)), idx)), want)
+        batched = jax.vmap(f, in_axes=(0, None))(jnp.zeros((2, 4, 2)), idx)
+        np.testing.assert_array_equal(np.asarray(batched), np.stack([want, want]))
+        primal, tangent = jax.jvp(
+            lambda d: _scatter_native(jnp.zeros((4, 2)), idx, d, True),
+            (jnp.ones((2, 2)),),
+            (jnp.ones((2, 2)),),
+        )
+        np.testing.assert_array_equal(np.asarray(primal), want)
+        np.testing.assert_array_equal(np.asarray(tangent), want)
+
+
+def test_csr_indptr_past_2_32_gives_the_same_rows_with_kernels_on_and_off():
+    """A malformed int64 indptr past nse: the kernel clamps it to nse; the XLA
+    twin's row ids used to wrap it to 1 and put the other entries in row 1."""
+    with jax.enable_x64(True):
+        x = jsr.CSR._make(
+            jnp.ones(3), jnp.arange(3, dtype=jnp.int64), jnp.array([0, 2**32 + 1]), (1, 3)
+        )
+        outs = []
+        for on in (True, False):
+            with kernels_set(on):
+                outs.append(np.asarray(jax.jit(jsr.dot)(x, jnp.eye(3))))
+        np.testing.assert_array_equal(outs[0], [[1, 1, 1]])
+        np.testing.assert_array_equal(outs[1], outs[0])

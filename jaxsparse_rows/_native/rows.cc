@@ -70,13 +70,33 @@ int64_t RunStart(const Rows<I>& r, int64_t x) {
 // make two threads write one row, and the padding tail (the out-of-range id
 // N, repeated) still splits freely.
 template <typename I, typename Body>
-void ForIds(ffi::ThreadPool& pool, const Rows<I>& r, Body body) {
+void ForIds(ffi::ThreadPool& pool, const Rows<I>& r, Body body, bool may_split = true) {
   jaxsparse_rows::ParallelRanges(
-      pool, r.k, r.k * r.row_bytes >= kParallelMinBytes, [&r, &body](int64_t b, int64_t e) {
+      pool, r.k, may_split && r.k * r.row_bytes >= kParallelMinBytes,
+      [&r, &body](int64_t b, int64_t e) {
         b = RunStart(r, b);
         e = RunStart(r, e);
         if (b < e) body(b, e);
       });
+}
+
+// True when every repeat of an in-range id directly follows the same id, as in
+// a RowSparse's sorted ids (ids outside [0, N) are dropped and may sit
+// anywhere). Only then can ForIds split a scatter's ids over threads: ids
+// traced into a RowSparse under jit are not validated, and two threads adding
+// into one row would lose updates. O(K) reads of the ids, against O(K x D)
+// moved bytes.
+template <typename I>
+bool RepeatsAdjacent(const Rows<I>& r) {
+  int64_t last = -1, last_pos = -1;
+  for (int64_t i = 0; i < r.k; ++i) {
+    const int64_t v = r.ids[i];
+    if (v < 0 || v >= r.n) continue;
+    if (v < last || (v == last && last_pos != i - 1)) return false;
+    last = v;
+    last_pos = i;
+  }
+  return true;
 }
 
 template <typename I>
@@ -136,22 +156,28 @@ ffi::Error ScatterT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("scatter: rows do not match [K, ...] of the table");
   }
   const char* src = static_cast<const char*>(rows.untyped_data());
+  // Unsorted ids run on one thread, in id order (as XLA's scatter does).
+  const bool may_split = r.k * r.row_bytes >= kParallelMinBytes && RepeatsAdjacent(r);
   if (!add) {
     const int64_t ahead = std::min(r.row_bytes, kMaxPrefetchBytes);
-    ForIds(pool, r, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        char* dst = const_cast<char*>(r.Row(i, ahead, true));
-        if (dst) std::memcpy(dst, src + i * r.row_bytes, r.row_bytes);
-      }
-    });
+    ForIds(
+        pool, r,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            char* dst = const_cast<char*>(r.Row(i, ahead, true));
+            if (dst) std::memcpy(dst, src + i * r.row_bytes, r.row_bytes);
+          }
+        },
+        may_split);
     return ffi::Error::Success();
   }
   // Addition needs the value type; the id type was chosen by the caller.
   return jaxsparse_rows::ForDtypes(table.element_type(), ids.element_type(), [&](auto t, auto) {
     using T = decltype(t);
-    ForIds(pool, r, [&](int64_t b, int64_t e) {
-      AddRows<T, I>(r, reinterpret_cast<const T*>(src), b, e);
-    });
+    ForIds(
+        pool, r,
+        [&](int64_t b, int64_t e) { AddRows<T, I>(r, reinterpret_cast<const T*>(src), b, e); },
+        may_split);
     return ffi::Error::Success();
   });
 }
