@@ -34,6 +34,8 @@ def scale_by_lazy_adam(
     eps: float = 1e-8,
     eps_root: float = 0.0,
     lazy: bool = True,
+    *,
+    mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
     """Adam's direction (``optax.scale_by_adam``) restricted to the listed rows.
 
@@ -55,6 +57,9 @@ def scale_by_lazy_adam(
       eps_root: term added inside the square root.
       lazy: True updates only listed rows of RowSparse gradients; False
         densifies them (exactly ``optax.scale_by_adam``).
+      mu_dtype: dtype of the first moments, as in ``optax.scale_by_adam``
+        (e.g. ``jnp.float32`` for bfloat16 parameters); default the
+        parameters' dtype.
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -68,12 +73,13 @@ def scale_by_lazy_adam(
       (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
     """
     _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
+    mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_adam")
         return ScaleByLazyAdamState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like_params(params),
+            mu=zeros_like_params(params, mu_dtype),
             nu=zeros_like_params(params),
         )
 
@@ -107,6 +113,8 @@ def lazy_adam(
     eps: float = 1e-8,
     eps_root: float = 0.0,
     lazy: bool = True,
+    *,
+    mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
     """Adam that updates only the rows a RowSparse gradient lists.
 
@@ -122,6 +130,8 @@ def lazy_adam(
       eps: term added to the denominator outside the square root.
       eps_root: term added inside the square root.
       lazy: True (lazy rows) or False (dense-equivalent).
+      mu_dtype: dtype of the first moments (``optax.adam``'s ``mu_dtype``);
+        default the parameters' dtype.
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -140,7 +150,7 @@ def lazy_adam(
              [ 0. ,  0. ]], dtype=float32)
     """
     return optax.chain(
-        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy),
+        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         scale_by_learning_rate(learning_rate),
     )
 
@@ -153,6 +163,8 @@ def lazy_adamw(
     eps_root: float = 0.0,
     weight_decay: float = 1e-4,
     lazy: bool = True,
+    *,
+    mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay, as ``optax.adamw``) on the listed rows.
 
@@ -169,6 +181,7 @@ def lazy_adamw(
       eps_root: term added inside the square root.
       weight_decay: decoupled weight decay coefficient.
       lazy: True (lazy rows) or False (dense-equivalent).
+      mu_dtype: dtype of the first moments; default the parameters' dtype.
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -182,7 +195,7 @@ def lazy_adamw(
       array([0.85, 1.  , 1.  ], dtype=float32)
     """
     return optax.chain(
-        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy),
+        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         add_decayed_weights(weight_decay, lazy),
         scale_by_learning_rate(learning_rate),
     )
