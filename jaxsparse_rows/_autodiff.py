@@ -1,5 +1,6 @@
-"""``grad`` / ``value_and_grad`` that differentiate RowSparse arguments with
-respect to their stored rows only, and return row-sparse gradients."""
+"""``grad`` / ``value_and_grad`` that differentiate RowSparse (and CSR)
+arguments with respect to their stored values only, and return gradients of
+the same storage type."""
 
 from __future__ import annotations
 
@@ -8,13 +9,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ._csr import CSR
 from ._rowsparse import RowSparse, mask_padding
 
 
 def _is_rsp(x: Any) -> bool:
-    return isinstance(x, RowSparse)
+    """A sparse leaf: differentiated with respect to its ``data``."""
+    return isinstance(x, RowSparse | CSR)
+
+
+def _with_data(leaf: Any, data: Any) -> Any:
+    if isinstance(leaf, CSR):
+        return CSR._make(data, leaf.indices, leaf.indptr, leaf.shape)
+    return RowSparse._make(data, leaf.indices, leaf.shape)
+
+
+def _sparse_grad(leaf: Any, g: jax.Array) -> Any:
+    """The gradient with respect to ``leaf.data`` as an array like ``leaf``,
+    its padding slots zero."""
+    if isinstance(leaf, CSR):
+        real = jnp.arange(leaf.nse) < leaf.indptr[-1]
+        return _with_data(leaf, jnp.where(real, g, jnp.zeros((), g.dtype)))
+    return _with_data(leaf, mask_padding(g, leaf.indices, leaf.shape[0]))
 
 
 def _is_int(a: Any) -> bool:
@@ -52,8 +71,11 @@ def value_and_grad(
     Every RowSparse inside the differentiated arguments (at any depth of a
     pytree) is differentiated with respect to its ``data`` only; its gradient
     comes back as a RowSparse with the same ``indices`` and shape, padding
-    slots holding zero. Dense leaves behave exactly as with ``jax``. Nothing of
-    shape ``[V, ...]`` is built for a RowSparse view of a ``[V, ...]`` table.
+    slots holding zero. A CSR argument likewise gets a CSR gradient with its
+    structure: the derivative with respect to each stored entry (MXNet's
+    gradient of a CSR weight keeps its sparsity pattern the same way). Dense
+    leaves behave exactly as with ``jax``. Nothing of shape ``[V, ...]`` is
+    built for a RowSparse view of a ``[V, ...]`` table.
 
     Args:
       fun: function returning a scalar (and an aux value if ``has_aux``).
@@ -85,7 +107,7 @@ def value_and_grad(
 
         def inner(flat_primals):
             rebuilt = [
-                RowSparse._make(p, leaf.indices, leaf.shape) if _is_rsp(leaf) else p
+                _with_data(leaf, p) if _is_rsp(leaf) else p
                 for p, leaf in zip(flat_primals, leaves, strict=True)
             ]
             new_diff = jax.tree.unflatten(treedef, rebuilt)
@@ -98,9 +120,7 @@ def value_and_grad(
             inner, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
         )(primals)
         out = [
-            RowSparse._make(mask_padding(g, leaf.indices, leaf.shape[0]), leaf.indices, leaf.shape)
-            if _is_rsp(leaf)
-            else g
+            _sparse_grad(leaf, g) if _is_rsp(leaf) else g
             for g, leaf in zip(grads, leaves, strict=True)
         ]
         grad_tree = jax.tree.unflatten(treedef, out)

@@ -391,6 +391,8 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
         from ._interop import from_scipy
 
         out = from_scipy(arg)
+        if shape is not None and _as_shape(shape) != out.shape:
+            raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {out.shape}.")
         return out.astype(dtype) if dtype is not None else out
     if not isinstance(arg, tuple):
         if isinstance(arg, list) and dtype is None:
@@ -432,15 +434,21 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
         bad = int(cols[(cols < 0) | (cols >= shape[1])][0])
         raise ValueError(f"`indices` (column ids) must lie in [0, {shape[1]}), got {bad}.")
-    rows = np.repeat(np.arange(shape[0]), np.diff(ip))
-    key = rows * shape[1] + cols
-    uniq, inverse = np.unique(key, return_inverse=True)
+    rows = np.repeat(np.arange(shape[0], dtype=np.int64), np.diff(ip))
+    # Sort by (row, column) and merge equal pairs. (A single key row * K + col
+    # would overflow int64 for M * K >= 2**63 and move entries.)
+    order = np.lexsort((cols, rows))
+    rows_s, cols_s = rows[order], cols[order]
+    start = np.ones(len(order), bool)
+    start[1:] = (rows_s[1:] != rows_s[:-1]) | (cols_s[1:] != cols_s[:-1])
+    inverse = np.empty(len(order), np.int64)
+    inverse[order] = np.cumsum(start) - 1
+    new_rows, new_cols = rows_s[start], cols_s[start]
     if isinstance(vals, np.ndarray):
-        summed = np.zeros(len(uniq), vals.dtype)
-        np.add.at(summed, inverse.reshape(-1), vals)
+        summed = np.zeros(len(new_rows), vals.dtype)
+        np.add.at(summed, inverse, vals)
     else:  # traced values: the same sum of duplicates, as a segment sum
-        summed = jax.ops.segment_sum(vals, inverse.reshape(-1), num_segments=len(uniq))
-    new_rows, new_cols = uniq // shape[1], uniq % shape[1]
+        summed = jax.ops.segment_sum(vals, inverse, num_segments=len(new_rows))
     idt = index_dtype()
     new_ptr = np.zeros(shape[0] + 1, idt)
     np.cumsum(np.bincount(new_rows, minlength=shape[0]), out=new_ptr[1:])

@@ -83,9 +83,9 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     """
     sl, sr = stype(lhs), stype(rhs)
     if sl == "default":
-        lhs = jnp.asarray(lhs)
+        lhs = _as_dense(lhs, "lhs")
     if sr == "default":
-        rhs = jnp.asarray(rhs)
+        rhs = _as_dense(rhs, "rhs")
     if sl != sr and jnp.result_type(operand_dtype(lhs), operand_dtype(rhs)) == jnp.bool_:
         # A product of bools sums with logical or (as jnp.dot); XLA's segment
         # sums and the kernels take numbers.
@@ -115,6 +115,9 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
         return RowSparse._make(out, lhs.indices, (lhs.shape[0],) + tuple(rhs.shape[1:]))
     if sl == "default" and not transpose_a and lhs.ndim == 2 and sr != "default":
         log_inference("dot", (sl, sr), "default")
+        if lhs.shape[1] == 0:  # nothing to sum (and XLA cannot gather from 0 columns)
+            dtype = jnp.result_type(lhs, rhs.data)
+            return jnp.zeros((lhs.shape[0],) + tuple(rhs.shape[1:]), dtype)
         if sr == "row_sparse" and rhs.ndim == 2:
             cols = lhs.at[:, rhs.indices].get(mode="fill", fill_value=0)
             return cols @ rhs.data
@@ -126,6 +129,15 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     if sl == sr == "default":
         return jnp.dot(lhs.T if transpose_a else lhs, rhs)
     return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)
+
+
+def _as_dense(x: Any, name: str) -> jax.Array:
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"`{name}` must be an array (dense, RowSparse or CSR), got {type(x).__name__} {x!r}."
+        ) from e
 
 
 def _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr):

@@ -185,6 +185,11 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
         dtype = jax.dtypes.canonicalize_dtype(dtype)
     if not isinstance(data, jax.Array):
         data = np.asarray(data, dtype=dtype)
+        if not (jnp.issubdtype(data.dtype, jnp.number) or data.dtype == np.bool_):
+            raise TypeError(
+                f"`data` must hold numbers or bools, got an array of dtype {data.dtype} "
+                f"({np.ravel(data)[:3].tolist()!r}...)."
+            )
         if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
             data = data.astype(np.float32)
         if host:

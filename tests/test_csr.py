@@ -343,3 +343,82 @@ def test_host_structure_with_traced_data_is_checked_and_canonicalised_in_jit():
         )(d)
     with pytest.raises(ValueError, match=r"must lie in \[0, 3\), got -1"):
         jax.jit(lambda d: jsr.CSR(d, np.array([-1]), np.array([0, 1]), (1, 3)).todense())(d[:1])
+
+
+def test_canonicalising_a_very_wide_matrix_keeps_every_entry():
+    """csr_matrix merged duplicates through the key row * K + col, which
+    overflows int64 for M * K >= 2**63: the (4, 0) entry moved to (0, 4)."""
+    with jax.enable_x64(True):
+        for k in (2**62 + 1, 2**62):
+            x = jsr.csr_matrix(([1.0, 2.0, 5.0], [4, 0, 0], [0, 1, 1, 1, 1, 3]), shape=(5, k))
+            np.testing.assert_array_equal(np.asarray(x.indptr), [0, 1, 1, 1, 1, 2])
+            np.testing.assert_array_equal(np.asarray(x.indices), [4, 0])
+            np.testing.assert_array_equal(np.asarray(x.data), [1.0, 7.0])
+
+
+def test_csr_matrix_from_scipy_checks_shape():
+    sp = pytest.importorskip("scipy.sparse")
+    m = sp.random(3, 4, density=0.5, format="csr", random_state=0)
+    with pytest.raises(ValueError, match=r"`shape` \(3, 3\) does not match the matrix's \(3, 4\)"):
+        jsr.csr_matrix(m, shape=(3, 3))
+    want = m.toarray().astype(np.float32)  # float64 becomes float32 with x64 off
+    np.testing.assert_array_equal(jsr.csr_matrix(m, shape=(3, 4)).asnumpy(), want)
+
+
+@pytest.mark.parametrize("data", [["a"], [None], np.array(["x"])])
+def test_non_numeric_data_is_named(data):
+    with pytest.raises(TypeError, match=r"`data` must hold numbers or bools, got .*dtype"):
+        jsr.CSR(data, [0], [0, 1], (1, 2))
+    with pytest.raises(TypeError, match=r"`data` must hold numbers or bools"):
+        jsr.RowSparse(data, [0], (2,))
+
+
+@pytest.mark.parametrize("other", [None, "abc", object()])
+def test_dot_names_a_non_array_operand(other):
+    c = jsr.csr_matrix(np.eye(2, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"`rhs` must be an array \(dense, RowSparse or CSR\)"):
+        jsr.dot(c, other)
+    with pytest.raises(TypeError, match=r"`lhs` must be an array"):
+        jsr.dot(other, c)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_with_no_columns_times_sparse_is_zeros(jit_mode, dtype):
+    """dense [P, 0] @ sparse [0, K]: XLA cannot gather from zero columns, so
+    this raised an internal error when the sparse operand had slots."""
+    lhs = jnp.zeros((2, 0), dtype)
+    csr = jsr.CSR._make(jnp.ones((3,), dtype), jnp.array([1, 0, 2]), jnp.array([0]), (0, 4))
+    rsp = jsr.RowSparse(jnp.zeros((2, 4), dtype), jnp.array([0, 0]), (0, 4))
+    for rhs in (csr, rsp):
+        out = jit_mode(jsr.dot)(lhs, rhs)
+        want = np.zeros((2, 0), np.float32) @ np.zeros((0, 4), np.float32)
+        assert out.dtype == dtype and out.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(out, np.float32), want)
+
+
+@pytest.mark.parametrize("pad", [0, 2])
+def test_grad_with_respect_to_a_csr_keeps_its_structure(jit_mode, rng, pad):
+    """jsr.grad of a CSR argument: the derivative for each stored entry, as a
+    CSR with the same indices (JAX's grad refused its int32 leaves)."""
+    dense = rng.normal(size=(4, 5)).astype(np.float32) * (rng.random((4, 5)) < 0.5)
+    x = jsr.CSR.fromdense(jnp.asarray(dense), nse=int(np.count_nonzero(dense)) + pad)
+    w = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+
+    def loss(c, w):
+        return jnp.sum(jnp.tanh(jsr.dot(c, w)))
+
+    g, gw = jit_mode(jsr.grad(loss, argnums=(0, 1)))(x, w)
+    dense_g, dense_gw = jax.grad(lambda d, w: jnp.sum(jnp.tanh(d @ w)), argnums=(0, 1))(
+        jnp.asarray(dense), w
+    )
+    assert isinstance(g, jsr.CSR) and g.shape == x.shape and g.nse == x.nse
+    np.testing.assert_array_equal(np.asarray(g.indices), np.asarray(x.indices))
+    np.testing.assert_array_equal(np.asarray(g.indptr), np.asarray(x.indptr))
+    nnz = int(x.indptr[-1])
+    np.testing.assert_array_equal(np.asarray(g.data)[nnz:], 0)  # padding slots
+    rows = np.repeat(np.arange(4), np.diff(np.asarray(x.indptr)))
+    cols = np.asarray(x.indices)[:nnz]
+    np.testing.assert_allclose(
+        np.asarray(g.data)[:nnz], np.asarray(dense_g)[rows, cols], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(np.asarray(gw), np.asarray(dense_gw), rtol=1e-5, atol=1e-6)

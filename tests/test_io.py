@@ -184,6 +184,63 @@ def test_save_errors(tmp_path):
         jsr.io.save_libsvm(tmp_path / "a", np.eye(3), [1, 2, 3])
 
 
+def test_complex_data_or_labels_are_refused_not_truncated(tmp_path):
+    """`save_libsvm` wrote the real part of complex data (0 for 1j) silently."""
+    x = jsr.csr_matrix(np.eye(2, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"`csr` is complex \(complex64\)"):
+        jsr.io.save_libsvm(tmp_path / "c.svm", x.astype(jnp.complex64) * 1j, [1, 2])
+    with pytest.raises(TypeError, match=r"`labels` is complex"):
+        jsr.io.save_libsvm(tmp_path / "c.svm", x, np.array([1j, 2]))
+    assert not (tmp_path / "c.svm").exists()
+
+
+@pytest.mark.parametrize(
+    "num_features, exc, match",
+    [
+        (30.7, ValueError, r"`num_features` must be an int >= 0, got 30.7"),
+        ("30", ValueError, r"`num_features` must be an int >= 0, got '30'"),
+        (-1, ValueError, r"`num_features` must be an int >= 0, got -1"),
+        (2**31, ValueError, r"`num_features` = 2147483648 does not fit the index dtype int32"),
+    ],
+)
+def test_num_features_is_checked_by_load_and_iter(tmp_path, num_features, exc, match):
+    """load_libsvm truncated 30.7 to 30 and took "30"; LibSVMIter took a K
+    past int32 and then failed on its first batch."""
+    path = tmp_path / "a.svm"
+    path.write_text("1 1:2 3:1\n")
+    with pytest.raises(exc, match=match):
+        jsr.io.load_libsvm(path, num_features=num_features)
+    with pytest.raises(exc, match=match):
+        jsr.io.LibSVMIter(path, 1, num_features=num_features)
+
+
+def test_the_largest_int32_column_count_round_trips(tmp_path):
+    """K = 2**31 - 1 fits (ids up to K - 1, padding id K): load_libsvm refused
+    it (an off-by-one), so what save_libsvm wrote could not be read back."""
+    k = 2**31 - 1
+    x = jsr.csr_matrix(([1.0, 2.0], [0, k - 1], [0, 1, 2]), shape=(2, k))
+    jsr.io.save_libsvm(tmp_path / "w.svm", x, [1, -1])
+    for nf in (k, None):
+        back, y = jsr.io.load_libsvm(tmp_path / "w.svm", num_features=nf)
+        assert back.shape == (2, k)
+        np.testing.assert_array_equal(np.asarray(back.indices), [0, k - 1])
+        np.testing.assert_array_equal(np.asarray(y), [1, -1])
+
+
+def test_an_id_past_the_index_dtype_names_the_line_and_id(tmp_path):
+    path = tmp_path / "big.svm"
+    path.write_text("1 1:2\n-1 3:1 4000000000:1\n")
+    with pytest.raises(ValueError, match=r"line 2: feature id 4000000000 does not fit .*int32"):
+        jsr.io.load_libsvm(path)
+
+
+def test_qid_tokens_get_their_own_message(tmp_path):
+    path = tmp_path / "rank.svm"
+    path.write_text("1 1:2\n2 qid:7 1:1\n")
+    with pytest.raises(ValueError, match=r"line 2: `qid:` .* not supported.*got token 'qid:7'"):
+        jsr.io.load_libsvm(path)
+
+
 # -- buckets and batches ---------------------------------------------------------
 def test_nnz_bucket():
     assert [nnz_bucket(n) for n in (0, 1, 16, 17, 1000)] == [16, 16, 16, 32, 1024]

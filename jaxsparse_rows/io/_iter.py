@@ -14,7 +14,14 @@ import numpy as np
 
 from .._csr import CSR
 from .._util import check_static_int, index_dtype
-from ._libsvm import Parsed, check_num_features, parse_libsvm_bytes, read_chunks, shift_ids
+from ._libsvm import (
+    Parsed,
+    check_feature_count,
+    check_num_features,
+    parse_libsvm_bytes,
+    read_chunks,
+    shift_ids,
+)
 
 _LAST_BATCH = ("discard", "pad", "roll_over")
 
@@ -300,7 +307,7 @@ class LibSVMIter(_Batcher):
         if not os.path.exists(path):
             raise FileNotFoundError(f"`path` {os.fspath(path)!r} does not exist.")
         self.path, self.zero_based = path, bool(zero_based)
-        self.num_features = check_static_int(num_features, "num_features")
+        self.num_features = check_feature_count(num_features)
         self.dtype = np.dtype(dtype)
         self.chunk_bytes = check_static_int(chunk_bytes, "chunk_bytes", minimum=1)
         self._buckets = _check_buckets(nnz_buckets)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._csr import CSR
-from .._util import index_dtype
+from .._util import check_static_int, index_dtype
 
 PathLike = str | os.PathLike
 
@@ -144,6 +144,12 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     if residue:
         pos = text.find(residue[:1])
         t = int(np.searchsorted(starts, pos, side="right") - 1)
+        if raw[starts[t] : ends[t]].startswith(b"qid:"):
+            raise fail(
+                t,
+                "`qid:` (the query ids of ranking data) is not supported; remove those "
+                "tokens first (e.g. `sed -E 's/ qid:[^ ]+//'`)",
+            )
         raise fail(t, f"unexpected character {chr(residue[0])!r}")
     is_colon = buf == _COLON
     colons = np.flatnonzero(is_colon)
@@ -251,16 +257,38 @@ def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
     return parsed.ids - 1
 
 
-def check_num_features(parsed: Parsed, cols: np.ndarray, num_features: int, path: Any, base: int):
-    """Raises if a column id is ``>= num_features`` (naming the line)."""
+def check_num_features(
+    parsed: Parsed, cols: np.ndarray, num_features: int, path: Any, base: int, idt: Any = None
+):
+    """Raises if a column id is ``>= num_features`` (naming the line); with
+    ``idt``, ``num_features`` is that index dtype's limit, not the user's."""
     if cols.size and cols.max() >= num_features:
         pos = int(np.argmax(cols >= num_features))
         row = int(np.searchsorted(parsed.indptr, pos, side="right") - 1)
+        where = f"{path}, line {int(parsed.row_lines[row])}: feature id {int(cols[pos]) + base}"
+        if idt is not None:
+            raise ValueError(
+                f"{where} does not fit the index dtype {idt} (column ids must be below "
+                f"{num_features}); enable 64-bit indices with "
+                "`jax.config.update('jax_enable_x64', True)`."
+            )
         raise ValueError(
-            f"{path}, line {int(parsed.row_lines[row])}: feature id {int(cols[pos]) + base} "
-            f"is out of range for `num_features` = {num_features} (ids counted from {base}). "
-            "Pass a larger `num_features`, or None to infer it."
+            f"{where} is out of range for `num_features` = {num_features} (ids counted from "
+            f"{base}). Pass a larger `num_features`, or None to infer it."
         )
+
+
+def check_feature_count(num_features: Any, name: str = "num_features") -> int:
+    """A column count: an int >= 0 whose column ids (and the padding id ``K``)
+    fit the index dtype."""
+    num_features = check_static_int(num_features, name)
+    if num_features > np.iinfo(index_dtype()).max:
+        raise ValueError(
+            f"`{name}` = {num_features} does not fit the index dtype {index_dtype()} (at "
+            f"most {np.iinfo(index_dtype()).max}); enable 64-bit indices with "
+            "`jax.config.update('jax_enable_x64', True)`."
+        )
+    return num_features
 
 
 def load_libsvm(
@@ -306,15 +334,13 @@ def load_libsvm(
     cols = shift_ids(parsed, bool(zero_based), path)
     base = 0 if zero_based else 1
     if num_features is None:
+        limit = np.iinfo(index_dtype()).max
+        if cols.size and cols.max() >= limit:  # the inferred K = max id + 1 would not fit
+            check_num_features(parsed, cols, limit, path, base, index_dtype())
         num_features = int(cols.max()) + 1 if cols.size else 0
     else:
-        num_features = int(num_features)
+        num_features = check_feature_count(num_features)
         check_num_features(parsed, cols, num_features, path, base)
-    if num_features >= np.iinfo(index_dtype()).max:
-        raise ValueError(
-            f"`num_features` = {num_features} does not fit the index dtype {index_dtype()}; "
-            "enable 64-bit indices with `jax.config.update('jax_enable_x64', True)`."
-        )
     idt = index_dtype()
     shape = (parsed.labels.size, num_features)
     x = CSR._make(
@@ -357,6 +383,12 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
     if not isinstance(csr, CSR):
         raise TypeError(f"`csr` must be a jsr.CSR, got {type(csr).__name__}.")
     labels = np.asarray(labels)
+    for name, dt in (("csr", csr.dtype), ("labels", labels.dtype)):
+        if jnp.issubdtype(dt, jnp.complexfloating):
+            raise TypeError(
+                f"`{name}` is complex ({np.dtype(dt).name}); LibSVM holds real numbers. "
+                "Save the real and imaginary parts as separate features or files."
+            )
     m = csr.shape[0]
     if labels.shape != (m,):
         raise ValueError(f"`labels` must have shape ({m},) to match `csr`, got {labels.shape}.")
