@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
@@ -136,21 +137,117 @@ def test_dense_only_inputs_stay_plain_jax():
         assert jsr.apply_dense(jnp.exp, x).shape == (3,)  # no sparse input: no warning
 
 
-@pytest.mark.parametrize("name", jsr.ZERO_PRESERVING_UNARY)
-@pytest.mark.parametrize("kind", ["row_sparse", "csr"])
-def test_zero_preserving_unary(name, kind, jit_mode):
-    rng = np.random.default_rng(7)
-    if kind == "row_sparse":
-        x = jsrt.random_rowsparse(rng, (5, 2, 2), n_rows=2, capacity=3)
+def _np_dense(x):
+    """The dense value of a canonical RowSparse / CSR, built in numpy (float64)
+    from its children, so that oracles do not go through the library's todense."""
+    data = np.asarray(x.data).astype(np.float64)
+    idx = np.asarray(x.indices)
+    out = np.zeros(x.shape, np.float64)
+    if x.stype == "row_sparse":
+        real = idx < x.shape[0]
+        out[idx[real]] = data[real]
     else:
-        x = jsrt.random_csr(rng, (4, 3), density=0.5, nse=9)
-    x = (abs(x) if name == "sqrt" else x) * 0.2  # inside the domain of sqrt, arcsin, ...
-    fn = getattr(jsr, name)
-    out = jit_mode(fn)(x)
-    ref = {"relu": lambda v: np.maximum(v, 0)}.get(name, getattr(np, name, None))
-    jsrt.assert_allclose(out, ref(dense_of(x)), stype=kind, dtype=jnp.float32, rtol=1e-5, atol=1e-6)
-    assert float(fn(jnp.zeros(()))) == 0.0  # zero-preserving indeed
-    np.testing.assert_allclose(np.asarray(fn(x.todense())), np.asarray(out.todense()), rtol=1e-6)
+        indptr = np.asarray(x.indptr)
+        rows = np.repeat(np.arange(x.shape[0]), np.diff(indptr))
+        out[rows, idx[: indptr[-1]]] = data[: indptr[-1]]
+    return out
+
+
+# Values that tell the rounding functions apart (rint rounds half to even, trunc /
+# floor / ceil differ on negatives); the stored values start with these, then
+# unscaled random values in [-2.6, 2.6].
+ROUNDING_CASES = np.array([0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 1.7, -1.7, 0.2, -2.3])
+UNARY_REFS = {n: getattr(np, n, None) for n in jsr.ZERO_PRESERVING_UNARY}
+UNARY_REFS["relu"] = lambda v: np.maximum(v, 0)
+# numpy maps keeping 0 at 0 that move the values into each function's domain
+# (|v| <= 0.91 for arcsin / arctanh / log1p, and tan kept away from its poles).
+UNARY_DOMAINS = {"raw": lambda v: v, "abs": np.abs, "scaled": lambda v: v * 0.35}
+UNARY_DOMAIN_OF = {n: "raw" for n in jsr.ZERO_PRESERVING_UNARY}
+UNARY_DOMAIN_OF.update(sqrt="abs", arcsin="scaled", arctanh="scaled", log1p="scaled", tan="scaled")
+
+
+def _unary_input(base, domain, dtype, seed=0):
+    """``base``'s sparsity pattern with ROUNDING_CASES then random values stored
+    (mapped into ``domain``), padding kept zero."""
+    idx = np.asarray(base.indices)
+    if base.stype == "row_sparse":
+        stored = idx < base.shape[0]
+    else:
+        stored = np.arange(base.nse) < np.asarray(base.indptr)[-1]
+    data = np.zeros(base.data.shape, np.float64)
+    n = data[stored].size
+    vals = np.random.default_rng(seed).uniform(-2.6, 2.6, n)
+    vals[: min(n, ROUNDING_CASES.size)] = ROUNDING_CASES[:n]
+    data[stored] = vals.reshape(data[stored].shape)
+    data = UNARY_DOMAINS[domain](data).astype(jnp.dtype(dtype))
+    if base.stype == "row_sparse":
+        return jsr.RowSparse(data, idx, base.shape)
+    return jsr.CSR(data, idx, np.asarray(base.indptr), base.shape)
+
+
+def _check_unary(name, x, out, dtype):
+    ref = UNARY_REFS[name](_np_dense(x).astype(np.float32))  # oracle in float32
+    try:
+        jsrt.assert_allclose(out, ref, stype=x.stype, dtype=dtype)
+        np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
+    except AssertionError as e:
+        raise AssertionError(f"{name} of {x!r} {jnp.dtype(dtype).name}: {e}") from None
+
+
+# Edge shapes, sharing few data shapes (each is one eager compilation per function).
+# RowSparse (shape, stored rows, capacity): N = 0 and capacity 0, capacity 0, N = 0
+# padded, 2-D padded, D = 0, 3-D rows padded (12 stored values: all ROUNDING_CASES).
+UNARY_RSP_CASES = [
+    ((0, 3), 0, 0),
+    ((5, 3), 0, 0),
+    ((0, 2, 3), 0, 3),
+    ((6, 3), 1, 2),
+    ((4, 0), 1, 2),
+    ((6, 2, 3), 2, 3),
+]
+# CSR (shape, density, nse): M = 0, K = 0, nnz = 0, padded (11 stored), full
+UNARY_CSR_CASES = [
+    ((0, 4), 0.5, 12),
+    ((4, 0), 0.5, 12),
+    ((3, 4), 0.0, 12),
+    ((5, 5), 0.55, 12),
+    ((3, 4), 1.0, 12),
+]
+
+
+@functools.cache
+def _unary_cases(dtype):
+    rng = np.random.default_rng(13)
+    bases = [jsrt.random_rowsparse(rng, s, n_rows=n, capacity=k) for s, n, k in UNARY_RSP_CASES]
+    bases += [jsrt.random_csr(rng, s, density=p, nse=k) for s, p, k in UNARY_CSR_CASES]
+    padded_csr = bases[-2]
+    assert ROUNDING_CASES.size <= int(padded_csr.nnz) < padded_csr.nse
+    return {
+        d: [_unary_input(b, d, dtype, seed=i) for i, b in enumerate(bases)] for d in UNARY_DOMAINS
+    }
+
+
+def _all_unary(xs):
+    return {n: [getattr(jsr, n)(x) for x in xs[UNARY_DOMAIN_OF[n]]] for n in UNARY_REFS}
+
+
+@pytest.mark.parametrize("dtype,mode", MODES, ids=lambda v: getattr(v, "__name__", v))
+def test_zero_preserving_unary(dtype, mode):
+    """Every zero-preserving function on every edge shape (one jit for all of them)."""
+    xs = _unary_cases(dtype)
+    outs = (jax.jit(_all_unary) if mode == "jit" else _all_unary)(xs)
+    for name, results in outs.items():
+        for x, out in zip(xs[UNARY_DOMAIN_OF[name]], results, strict=True):
+            _check_unary(name, x, out, dtype)
+        # on a dense array it is the plain function (the padded CSR's data: all
+        # ROUNDING_CASES and a zero, in a shape compiled above)
+        dense = np.asarray(xs[UNARY_DOMAIN_OF[name]][-2].data, np.float32)
+        np.testing.assert_allclose(
+            np.asarray(getattr(jsr, name)(jnp.asarray(dense))),
+            UNARY_REFS[name](dense),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 # -- dtype preservation, padding ----------------------------------------------------
@@ -226,32 +323,94 @@ def test_sparse_sparse_shape_mismatch():
 
 
 # -- properties ------------------------------------------------------------------------
-_union_ops = jax.jit(lambda a, b: (a + b, a - b, a * b))
+# Drawn per example: eager or jit (eager compiles each primitive for each new shape,
+# so the modes share the examples), the dtype, a dense operand's seed, a divisor
+# (exact in every dtype; a Python float, and a JAX scalar that is traced under jit)
+# and an exponent (a Python scalar > 0 keeps the storage type; fractional on |x|).
+_MODES = st.sampled_from(["jit", "eager"])
+_DIVISORS = st.sampled_from([4.0, -0.5, 3.0])
+_EXPONENTS = st.sampled_from([2, 0.5, 3, 1.5, 1])
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+def _binary_ops(a, b, d, t, *, s, p):
+    base = a if float(p).is_integer() else abs(a)
+    out = {"a + b": a + b, "a - b": a - b}
+    if a.stype == "row_sparse":
+        out["a * b"] = a * b
+    out |= {"a * d": a * d, "d * a": d * a}
+    out |= {"a / s": a / s, "jsr.divide(a, t)": jsr.divide(a, t)}
+    return out | {"a ** p": base**p, "jsr.power(a, p)": jsr.power(base, p)}
+
+
+def _binary_expected(da, db, dd, s, p):
+    base = da if float(p).is_integer() else np.abs(da)
+    return {
+        "a + b": da + db,
+        "a - b": da - db,
+        "a * b": da * db,
+        "a * d": da * dd,
+        "d * a": dd * da,
+        "a / s": da / s,
+        "jsr.divide(a, t)": da / s,
+        "a ** p": base**p,
+        "jsr.power(a, p)": base**p,
+    }
+
+
+def _check_binary_ops(a, b, seed, s, p, mode):
+    dtype = a.dtype
+    d = jnp.asarray(jsrt.random_dense(np.random.default_rng(seed), a.shape, dtype))
+    t = jnp.asarray(s, dtype)
+    # one compilation per example under jit instead of one per primitive
+    ops = functools.partial(_binary_ops, s=s, p=p)
+    out = (jax.jit(ops) if mode == "jit" else ops)(a, b, d, t)
+    expected = _binary_expected(_np_dense(a), _np_dense(b), np.asarray(d, np.float64), s, p)
+    for name, got in out.items():
+        try:
+            jsrt.assert_allclose(got, expected[name], stype=a.stype, dtype=dtype)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+    return out
 
 
 @settings(max_examples=8)
-@given(sst.rowsparse_pair())
-def test_rsp_union_and_intersection(pair):
+@given(
+    pair=st.sampled_from(DTYPES).flatmap(lambda dt: sst.rowsparse_pair(dtype=dt)),
+    seed=_SEEDS,
+    s=_DIVISORS,
+    p=_EXPONENTS,
+    mode=_MODES,
+)
+def test_rsp_binary_ops_match_numpy(pair, seed, s, p, mode):
     a, b = pair
-    da, db = dense_of(a), dense_of(b)
-    s, d, p = _union_ops(a, b)  # one compilation per example instead of one per primitive
-    jsrt.assert_allclose(s, da + db, stype="row_sparse")
-    jsrt.assert_allclose(d, da - db, stype="row_sparse")
-    jsrt.assert_allclose(p, da * db, stype="row_sparse")
-    rows_a = set(np.asarray(a.indices)[np.asarray(a.row_mask)].tolist())
-    rows_b = set(np.asarray(b.indices)[np.asarray(b.row_mask)].tolist())
-    assert int(s.nnz_rows) == len(rows_a | rows_b) and s.capacity == a.capacity + b.capacity
-    assert int(p.nnz_rows) == len(rows_a & rows_b)
-    assert p.capacity == min(a.capacity, b.capacity)
+    out = _check_binary_ops(a, b, seed, s, p, mode)
+    rows_a = set(np.asarray(a.indices)[np.asarray(a.indices) < a.shape[0]].tolist())
+    rows_b = set(np.asarray(b.indices)[np.asarray(b.indices) < b.shape[0]].tolist())
+    for name in ("a + b", "a - b"):
+        assert int(out[name].nnz_rows) == len(rows_a | rows_b)
+        assert out[name].capacity == a.capacity + b.capacity
+    assert int(out["a * b"].nnz_rows) == len(rows_a & rows_b)
+    assert out["a * b"].capacity == min(a.capacity, b.capacity)
+    for name in ("a * d", "a / s", "jsr.divide(a, t)", "a ** p"):  # same rows
+        np.testing.assert_array_equal(np.asarray(out[name].indices), np.asarray(a.indices))
 
 
 @settings(max_examples=8)
-@given(sst.csr_pair())
-def test_csr_union(pair):
+@given(
+    pair=st.sampled_from(DTYPES).flatmap(lambda dt: sst.csr_pair(dtype=dt)),
+    seed=_SEEDS,
+    s=_DIVISORS,
+    p=_EXPONENTS,
+    mode=_MODES,
+)
+def test_csr_binary_ops_match_numpy(pair, seed, s, p, mode):
     a, b = pair
-    s = jax.jit(jsr.add)(a, b)
-    jsrt.assert_allclose(s, dense_of(a) + dense_of(b), stype="csr")
-    assert s.nse == a.nse + b.nse
+    out = _check_binary_ops(a, b, seed, s, p, mode)
+    assert out["a + b"].nse == out["a - b"].nse == a.nse + b.nse
+    for name in ("a * d", "a / s", "jsr.divide(a, t)", "a ** p"):  # same entries
+        np.testing.assert_array_equal(np.asarray(out[name].indices), np.asarray(a.indices))
+        np.testing.assert_array_equal(np.asarray(out[name].indptr), np.asarray(a.indptr))
 
 
 def test_union_under_jit_with_padding_and_k0():
@@ -360,18 +519,50 @@ def test_bool_data_follows_jax_numpy(jit_mode, op):
     np.testing.assert_array_equal(np.asarray(dense), np.asarray(want))
 
 
-def test_equality_is_elementwise_and_dense():
-    r = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+def _sparse_like(kind, dense):
+    """``dense`` stored as ``kind`` (its non-zero rows / entries), built in numpy."""
+    dense = np.asarray(dense, np.float32)
+    if kind == "row_sparse":
+        rows = np.flatnonzero(np.any(dense != 0, axis=tuple(range(1, dense.ndim))))
+        return jsr.RowSparse(dense[rows], rows, dense.shape)
+    rows, cols = np.nonzero(dense)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=dense.shape[0]))])
+    return jsr.CSR(dense[rows, cols], cols, indptr, dense.shape)
+
+
+@pytest.mark.parametrize("kind", ["row_sparse", "csr"])
+def test_equality_is_elementwise_and_dense(kind, jit_mode):
+    rng = np.random.default_rng(21)
+    if kind == "row_sparse":
+        x = jsrt.random_rowsparse(rng, (6, 3), n_rows=3, capacity=4)
+    else:
+        x = jsrt.random_csr(rng, (5, 4), density=0.4, nse=10)
+    dx = _np_dense(x)
+    dy = dx.copy()  # equal to x but for a changed stored value, a new entry, a dropped one
+    stored = np.argwhere(dx != 0)
+    dy[tuple(stored[0])] += 1
+    dy[tuple(np.argwhere(dx == 0)[0])] = 2.0
+    dy[tuple(stored[-1])] = 0.0
+    others = [
+        (_sparse_like(kind, dy), dy),
+        (jnp.asarray(dy, jnp.float32), dy),
+        (x.copy(), dx),
+        (0.0, 0.0),
+        (jnp.asarray(dx[:1], jnp.float32), dx[:1]),  # broadcast row
+    ]
+    dense_y = jnp.asarray(dy, jnp.float32)
+    compare = lambda x, os: ([(x == o, x != o) for o in os], dense_y == x)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
-        assert bool(jnp.all(r == r.copy())) and not bool(jnp.any(r != r.copy()))
-        np.testing.assert_array_equal(
-            np.asarray(r == jnp.ones((3, 2))), [[False, False], [True, False], [False, False]]
-        )
-        c = jsr.csr_matrix(([1.0], [2], [0, 1, 1]), shape=(2, 3))
-        np.testing.assert_array_equal(np.asarray(c != 0), [[False, False, True], [False] * 3])
-    assert (r == None) is False  # noqa: E711  (identity, as Python's default)
-    assert r in [r]
+        got, swapped = jit_mode(compare)(x, [o for o, _ in others])
+    for (eq, ne), (_, want) in zip(got, others, strict=True):
+        assert jsr.stype(eq) == "default" and eq.dtype == jnp.bool_
+        np.testing.assert_array_equal(np.asarray(eq), dx == want)
+        np.testing.assert_array_equal(np.asarray(ne), dx != want)
+    np.testing.assert_array_equal(np.asarray(swapped), dy == dx)
+    assert not np.all(dx == dy) and np.any(dx == dy)  # the comparisons above are mixed
+    assert (x == None) is False  # noqa: E711  (identity, as Python's default)
+    assert x in [x]
 
 
 @pytest.mark.parametrize(

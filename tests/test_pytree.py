@@ -150,17 +150,20 @@ def test_non_array_and_float0_leaves_still_unflatten():
 
 
 def test_arrays_stacked_by_vmap_print_their_batch_and_refuse_todense():
-    table = jnp.arange(20.0).reshape(10, 2)
-    batch = jax.vmap(lambda i: jsr.pull_rows(table, i))(jnp.array([[1, 3], [2, 2]]))
+    table_np = np.arange(20.0, dtype=np.float32).reshape(10, 2)
+    ids = np.array([[1, 3], [2, 2]])
+    table = jnp.asarray(table_np)
+    batch = jax.vmap(lambda i: jsr.pull_rows(table, i))(jnp.asarray(ids))
     assert repr(batch) == "RowSparse(float32[10, 2], batch=(2,), capacity=2)"
     with pytest.raises(
         ValueError, match=r"todense needs one RowSparse, got a batch of shape \(2,\)"
     ):
         batch.todense()
     dense = jax.vmap(jsr.todense)(batch)
-    np.testing.assert_array_equal(
-        np.asarray(dense[1]), np.asarray(jsr.pull_rows(table, [2]).todense())
-    )
+    expected = np.zeros((len(ids),) + table_np.shape, np.float32)
+    for b, row_ids in enumerate(ids):  # the rows each batch element pulled, others zero
+        expected[b, row_ids] = table_np[row_ids]
+    np.testing.assert_array_equal(np.asarray(dense), expected)
     c = arrays()[3]
     stacked = jax.tree.map(lambda a: jnp.stack([a, a, a]), c)
     assert repr(stacked) == "CSR(float32[4, 5], batch=(3,), nse=9)"
@@ -176,13 +179,35 @@ def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
     import optax
 
     x = arrays()[index]
-    assert jax.tree.map(jnp.isfinite, x).indices.dtype == jnp.bool_
-    assert jax.tree.map(jnp.mean, x).indices.shape == ()
+    data, idx = np.asarray(x.data), np.asarray(x.indices)
+    flags = jax.tree.map(jnp.isfinite, x)
+    assert flags.indices.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(flags.data), np.isfinite(data))
+    means = jax.tree.map(jnp.mean, x)
+    assert means.indices.shape == ()
+    np.testing.assert_allclose(float(means.data), data.mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(means.indices), idx.mean(), rtol=1e-6)
+
+    def rebuilt(new_data):  # x with other data, built from numpy children
+        children = [new_data, idx] + ([np.asarray(x.indptr)] if x.stype == "csr" else [])
+        return jax.tree.unflatten(jax.tree.structure(x), [jnp.asarray(c) for c in children])
+
+    assert np.all(data.flat[:2] != 0)  # the first two slots are stored values
+    close, moved = (data * (1 + 2e-6)).astype(data.dtype), data.copy()
+    moved.flat[0] += 1.0
+    assert np.any(close != data)  # within tree_allclose's rtol, not equal
+    assert optax.tree_utils.tree_allclose(x, rebuilt(close))
+    assert not optax.tree_utils.tree_allclose(x, rebuilt(moved))
+
+    with_nan = data.copy()
+    with_nan.flat[1] = np.nan
     chex.assert_tree_all_finite(x)
-    assert optax.tree_utils.tree_allclose(x, x.copy())
+    with pytest.raises(AssertionError, match="finite"):
+        chex.assert_tree_all_finite(rebuilt(with_nan))
     tx = optax.zero_nans()
-    out, _ = tx.update({"g": x}, tx.init({"g": x}))
-    same(out["g"], x)
+    g = rebuilt(with_nan)
+    out, _ = tx.update({"g": g}, tx.init({"g": g}))
+    same(out["g"], rebuilt(np.where(np.isnan(with_nan), 0, with_nan).astype(data.dtype)))
 
 
 def test_key_paths_name_the_children():
