@@ -6,26 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, random_rows, run_optax_on_dense, run_steps
+from test_optim_common import (
+    grad_sequence,
+    numpy_adam,
+    random_rows,
+    run_optax_on_dense,
+    run_steps,
+)
 
 import jaxsparse_rows as jsr
-
-
-def numpy_adam(w, grads, lr, b1, b2, eps, eps_root, wd, lazy):
-    """Dense float64 oracle of (lazy) Adam/AdamW; ``lr`` may be a callable."""
-    w = np.array(w, np.float64)
-    mu = np.zeros_like(w)
-    nu = np.zeros_like(w)
-    for t, (_, dense, rows) in enumerate(grads, start=1):
-        rr = rows if lazy else np.arange(w.shape[0])
-        g = dense[rr]
-        mu[rr] = b1 * mu[rr] + (1 - b1) * g
-        nu[rr] = b2 * nu[rr] + (1 - b2) * g**2
-        u = (mu[rr] / (1 - b1**t)) / (np.sqrt(nu[rr] / (1 - b2**t) + eps_root) + eps)
-        u = u + wd * w[rr]
-        step = lr(t - 1) if callable(lr) else lr
-        w[rr] -= step * u
-    return w, mu, nu
 
 
 @pytest.mark.parametrize("lazy", [True, False])

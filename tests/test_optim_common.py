@@ -40,6 +40,21 @@ def grad_sequence(seed, n_steps, n_rows, trailing, capacity, empty_steps=(3, 7))
     return out
 
 
+def listed(data, rows, shape):
+    """A hand-written gradient ``(RowSparse, dense numpy form, rows)`` listing ``rows``."""
+    data = np.asarray(data, np.float64).reshape((len(rows),) + tuple(shape[1:]))
+    dense = np.zeros(shape)
+    dense[list(rows)] = data
+    g = jsr.RowSparse(jnp.asarray(data, jnp.float32), jnp.asarray(rows, index_dtype()), shape=shape)
+    return g, dense, np.asarray(rows, int)
+
+
+def dense_step(dense):
+    """A dense gradient ``(array, dense numpy form, every row)`` for the oracles."""
+    dense = np.asarray(dense, np.float64)
+    return jnp.asarray(dense, jnp.float32), dense, np.arange(dense.shape[0])
+
+
 def run_steps(opt, params, grads, jit, *, apply=jsr.optim.apply_updates):
     """Runs ``opt`` over the list ``grads`` (each a pytree like params)."""
 
@@ -60,6 +75,127 @@ def run_optax_on_dense(ref, params, grads, jit):
     ``grad_sequence`` (float32), applied with ``optax.apply_updates``."""
     dense = [jnp.asarray(d, jnp.float32) for _, d, _ in grads]
     return run_steps(ref, params, dense, jit=jit, apply=optax.apply_updates)
+
+
+# Numpy oracles of the rules in docs/optimizers.md, in float64. ``grads`` is a
+# list of ``(gradient, dense numpy gradient, processed rows)`` as `grad_sequence`
+# gives (pass ``np.arange(V)`` as the rows of a dense gradient). Each returns
+# the final weights and the state arrays.
+
+
+def numpy_sgd(w, grads, lr, momentum, nesterov, wd, rescale, clip, lazy):
+    w = np.array(w, np.float64)
+    m = np.zeros_like(w)
+    for _, dense, rows in grads:
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = rescale * dense[rr]
+        if clip is not None:
+            g = np.clip(g, -clip, clip)
+        g = g + wd * w[rr]
+        m[rr] = momentum * m[rr] + g
+        u = g + momentum * m[rr] if nesterov else m[rr]
+        w[rr] -= lr * u
+    return w, m
+
+
+def numpy_adam(w, grads, lr, b1, b2, eps, eps_root, wd, lazy):
+    """(Lazy) Adam/AdamW with the global step count; ``lr`` may be a callable."""
+    w = np.array(w, np.float64)
+    mu = np.zeros_like(w)
+    nu = np.zeros_like(w)
+    for t, (_, dense, rows) in enumerate(grads, start=1):
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = dense[rr]
+        mu[rr] = b1 * mu[rr] + (1 - b1) * g
+        nu[rr] = b2 * nu[rr] + (1 - b2) * g**2
+        u = (mu[rr] / (1 - b1**t)) / (np.sqrt(nu[rr] / (1 - b2**t) + eps_root) + eps)
+        u = u + wd * w[rr]
+        step = lr(t - 1) if callable(lr) else lr
+        w[rr] -= step * u
+    return w, mu, nu
+
+
+def numpy_adagrad(w, grads, lr, init, eps):
+    w = np.array(w, np.float64)
+    acc = np.full_like(w, init)
+    for _, dense, rows in grads:
+        g = dense[rows]
+        acc[rows] += g**2
+        scale = np.where(acc[rows] > 0, 1 / np.sqrt(acc[rows] + eps), 0.0)
+        w[rows] -= lr * scale * g
+    return w, acc
+
+
+def numpy_rowwise_adagrad(w, grads, lr, eps, wd):
+    """One accumulator per row; a row whose denominator is 0 (eps = 0, zero
+    gradients so far) gets a zero step; an empty row (D = 0) adds 0."""
+    w = np.array(w, np.float64)
+    acc = np.zeros(w.shape[0])
+    row_size = max(1, int(np.prod(w.shape[1:])))
+    for _, dense, rows in grads:
+        g = dense[rows] + wd * w[rows]
+        acc[rows] += np.sum(g**2, axis=tuple(range(1, g.ndim))) / row_size
+        denom = (np.sqrt(acc[rows]) + eps).reshape((-1,) + (1,) * (w.ndim - 1))
+        zero = np.broadcast_to(denom == 0, g.shape)
+        w[rows] -= lr * np.divide(g, denom, out=np.zeros_like(g), where=~zero)
+    return w, acc
+
+
+def numpy_ftrl(w, grads, lr, lamda1, beta, wd, lazy=True):
+    w = np.array(w, np.float64)
+    z = np.zeros_like(w)
+    n = np.zeros_like(w)
+    for _, dense, rows in grads:
+        rr = rows if lazy else np.arange(w.shape[0])
+        g = dense[rr]
+        z[rr] += g - (np.sqrt(n[rr] + g**2) - np.sqrt(n[rr])) * w[rr] / lr
+        n[rr] += g**2
+        new = (np.sign(z[rr]) * lamda1 - z[rr]) / ((beta + np.sqrt(n[rr])) / lr + wd)
+        w[rr] = new * (np.abs(z[rr]) > lamda1)
+    return w, z, n
+
+
+# Every optimizer: name -> (factory, numpy oracle of the same hyperparameters,
+# names of its state arrays in the order the oracle returns them).
+ORACLES = {
+    "sgd": (
+        lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, weight_decay=0.1),
+        lambda w, gs: numpy_sgd(w, gs, 0.1, 0.9, False, 0.1, 1.0, None, lazy=True),
+        ("trace",),
+    ),
+    "adam": (
+        lambda: jsr.optim.lazy_adam(0.1),
+        lambda w, gs: numpy_adam(w, gs, 0.1, 0.9, 0.999, 1e-8, 0.0, 0.0, lazy=True),
+        ("mu", "nu"),
+    ),
+    "adamw": (
+        lambda: jsr.optim.lazy_adamw(0.1),
+        lambda w, gs: numpy_adam(w, gs, 0.1, 0.9, 0.999, 1e-8, 0.0, 1e-4, lazy=True),
+        ("mu", "nu"),
+    ),
+    "adagrad": (
+        lambda: jsr.optim.lazy_adagrad(0.1),
+        lambda w, gs: numpy_adagrad(w, gs, 0.1, 0.1, 1e-7),
+        ("sum_of_squares",),
+    ),
+    "rowwise": (
+        lambda: jsr.optim.lazy_rowwise_adagrad(0.1),
+        lambda w, gs: numpy_rowwise_adagrad(w, gs, 0.1, 1e-8, 0.0),
+        ("sum_of_squares",),
+    ),
+    "ftrl": (
+        lambda: jsr.optim.lazy_ftrl(0.1),
+        lambda w, gs: numpy_ftrl(w, gs, 0.1, 0.01, 1.0, 0.0),
+        ("z", "n"),
+    ),
+}
+
+
+def state_arrays(state, names):
+    """The named arrays of an optimizer state (a chain's first element, or
+    the state itself)."""
+    inner = state if hasattr(state, names[0]) else state[0]
+    return [getattr(inner, n) for n in names]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])

@@ -8,7 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, random_rows, run_steps
+from test_optim_common import (
+    ORACLES,
+    dense_step,
+    grad_sequence,
+    listed,
+    numpy_adagrad,
+    numpy_adam,
+    numpy_rowwise_adagrad,
+    numpy_sgd,
+    random_rows,
+    run_steps,
+    state_arrays,
+)
 
 import jaxsparse_rows as jsr
 
@@ -34,12 +46,14 @@ def _model(seed=40):
     return params, grads
 
 
-def test_mixed_tree_dense_leaves_follow_optax_adam(jit_mode):
+@pytest.mark.parametrize("jit", [False, True])
+def test_mixed_tree_dense_leaves_follow_optax_adam(jit):
     params, grads = _model()
     ours = jsr.optim.lazy_adam(0.01)
     ref = optax.adam(0.01)
-    p1, _ = run_steps(ours, params, [g for g, _ in grads], jit=True)
-    p2, _ = run_steps(ref, params, [d for _, d in grads], jit=True, apply=optax.apply_updates)
+    grads = grads if jit else grads[:5]  # eager steps are slow
+    p1, _ = run_steps(ours, params, [g for g, _ in grads], jit=jit)
+    p2, _ = run_steps(ref, params, [d for _, d in grads], jit=jit, apply=optax.apply_updates)
     np.testing.assert_allclose(
         np.asarray(p1["dense"]["w"]), np.asarray(p2["dense"]["w"]), rtol=1e-6, atol=1e-7
     )
@@ -80,13 +94,17 @@ def test_chain_clip_then_lazy_sgd_matches_dense_clip():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
-def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode):
-    g = jsr.RowSparse._make(
-        jnp.asarray([[3.0, 4.0], [0.0, 0.0]]), jnp.asarray([1, 5], jnp.int32), (5, 2)
-    )
-    tx = jsr.optim.clip_by_global_norm(2.5)
-    u, _ = jit_mode(tx.update)({"a": g, "b": jnp.zeros(2)}, tx.init(None))
-    np.testing.assert_allclose(np.asarray(u["a"].data), [[1.5, 2.0], [0.0, 0.0]], rtol=1e-6)
+@pytest.mark.parametrize("max_norm", [2.5, 100.0])
+def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode, max_norm):
+    # Slot 1 is padding (id 5 == n_rows): its values must not count in the norm.
+    data = np.array([[3.0, 4.0], [7.0, 7.0]], np.float32)
+    b = np.array([1.0, -2.0], np.float32)
+    g = jsr.RowSparse._make(jnp.asarray(data), jnp.asarray([1, 5], jnp.int32), (5, 2))
+    tx = jsr.optim.clip_by_global_norm(max_norm)
+    u, _ = jit_mode(tx.update)({"a": g, "b": jnp.asarray(b)}, tx.init(None))
+    scale = min(1.0, max_norm / np.sqrt(np.sum(data[0] ** 2) + np.sum(b**2)))
+    np.testing.assert_allclose(np.asarray(u["a"].data)[0], scale * data[0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(u["b"]), scale * b, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(u["a"].indices), [1, 5])
 
 
@@ -114,8 +132,12 @@ def test_lift_elementwise_decayed_weights_is_lazy(jit_mode):
     np.testing.assert_allclose(u.asnumpy(), expected, rtol=1e-6)
     assert np.all(np.asarray(u.data)[2:] == 0)  # padding stays zero
     ours = jsr.optim.add_decayed_weights(0.5)
-    u2, _ = ours.update(g, ours.init(w), w)
+    u2, _ = jit_mode(ours.update)(g, ours.init(w), w)
+    assert isinstance(u2, jsr.RowSparse) and u2.indices.tolist() == g.indices.tolist()
     np.testing.assert_allclose(u2.asnumpy(), expected, rtol=1e-6)
+    dense_tx = jsr.optim.add_decayed_weights(0.5, lazy=False)  # every row decays
+    u3, _ = jit_mode(dense_tx.update)(g, dense_tx.init(w), w)
+    np.testing.assert_allclose(np.asarray(u3), dense + 0.5 * np.asarray(w), rtol=1e-6)
 
 
 def test_lift_elementwise_rejects_stateful_transform():
@@ -123,37 +145,139 @@ def test_lift_elementwise_rejects_stateful_transform():
         jsr.optim.lift_elementwise(optax.trace(0.9)).init(jnp.zeros((3, 2)))
 
 
-def test_schedule_transform_lifted():
-    tx = jsr.optim.lift_elementwise(optax.scale_by_schedule(lambda c: 2.0 * (c + 1)))
-    g = jsr.RowSparse([[1.0]], [0], shape=(2, 1))
-    s = tx.init(jnp.zeros((2, 1)))
-    u, s = tx.update(g, s)
-    u, s = tx.update(g, s)
-    np.testing.assert_array_equal(np.asarray(u.data), [[4.0]])
+def test_schedule_transform_lifted(jit_mode):
+    sched = lambda c: 2.0 * (c + 1)  # noqa: E731
+    tx = jsr.optim.lift_elementwise(optax.scale_by_schedule(sched))
+    g, dense, _ = random_rows(np.random.default_rng(71), 4, (2,), capacity=3, k=2)
+    s = tx.init(jnp.zeros((4, 2)))
+    update = jit_mode(tx.update)
+    for count in range(3):
+        u, s = update(g, s)
+        assert u.indices.tolist() == g.indices.tolist()
+        np.testing.assert_allclose(u.asnumpy(), sched(count) * dense, rtol=1e-6)
 
 
-def test_param_with_sometimes_dense_grads():
-    # Both paths update the same state arrays.
-    w = jnp.zeros((3, 2))
-    opt = jsr.optim.lazy_adam(0.1)
-    s = opt.init(w)
-    u, s = opt.update(jsr.RowSparse([[1.0, 1.0]], [0], shape=(3, 2)), s, w)
-    w = jsr.optim.apply_updates(w, u)
-    u, s = opt.update(jnp.ones((3, 2)), s, w)
-    w = jsr.optim.apply_updates(w, u)
+@pytest.mark.parametrize("jit", [False, True])
+def test_param_with_sometimes_dense_grads(jit):
+    # Both paths update the same state arrays: a RowSparse step (row 0), then
+    # a dense one (every row: all moments move), with the global count.
+    rng = np.random.default_rng(72)
+    grads = [listed(rng.normal(size=(1, 2)), [0], (3, 2)), dense_step(rng.normal(size=(3, 2)))]
+    w0 = rng.normal(size=(3, 2)).astype(np.float32)
+    w, s = run_steps(jsr.optim.lazy_adam(0.1), jnp.asarray(w0), [g for g, _, _ in grads], jit)
+    want = numpy_adam(w0, grads, 0.1, 0.9, 0.999, 1e-8, 0.0, 0.0, lazy=True)
     assert int(s[0].count) == 2
-    mu = np.asarray(s[0].mu)[:, 0]
-    np.testing.assert_allclose(mu, [0.19, 0.1, 0.1], rtol=1e-6)
+    for got, exp in zip((w, s[0].mu, s[0].nu), want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), exp, rtol=1e-5, atol=1e-7)
 
 
-OPTS = {
-    "sgd": lambda: jsr.optim.lazy_sgd(0.1, momentum=0.9, weight_decay=0.1),
-    "adam": lambda: jsr.optim.lazy_adam(0.1),
-    "adamw": lambda: jsr.optim.lazy_adamw(0.1),
-    "adagrad": lambda: jsr.optim.lazy_adagrad(0.1),
-    "rowwise": lambda: jsr.optim.lazy_rowwise_adagrad(0.1),
-    "ftrl": lambda: jsr.optim.lazy_ftrl(0.1),
+OPTS = {name: make for name, (make, _, _) in ORACLES.items()}
+
+
+# Unusual parameters: leaf -> (shape, dtype, tolerance). No rows, empty rows,
+# [V, 2, 3] rows, and half precision (about 5 units of roundoff; at most 2.2
+# seen), all in one params tree.
+LEAVES = {
+    "no_rows": ((0, 3), jnp.float32, 1e-5),
+    "empty_rows": ((5, 0), jnp.float32, 1e-5),
+    "rows_2x3": ((5, 2, 3), jnp.float32, 1e-5),
+    "bfloat16": ((8, 3), jnp.bfloat16, 1e-2),
+    "float16": ((8, 3), jnp.float16, 2e-3),
 }
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("name", sorted(ORACLES))
+def test_every_optimizer_on_empty_3d_and_half_precision_params(name, jit):
+    """Two RowSparse steps (one listing no row) and a dense step, gradients in
+    the params' dtype: params and state keep shape and dtype and follow the
+    float64 oracle run on the same (rounded) values."""
+    make, oracle, names = ORACLES[name]
+    # Half precision under jit only: eagerly it adds ~6 s of per-op compiles,
+    # for the same dtype rules.
+    leaves = {k: v for k, v in LEAVES.items() if jit or v[1] == jnp.float32}
+    rng = np.random.default_rng(83)
+    w0, seqs = {}, {}
+    for k, (shape, dtype, _) in leaves.items():
+        w0[k] = jnp.asarray(rng.normal(size=shape), dtype)
+        seq = grad_sequence(84, 2, shape[0], shape[1:], capacity=3, empty_steps=(1,))
+        seq.append(dense_step(rng.normal(size=shape)))
+        # The oracle sees the gradient values rounded to the dtype, as given.
+        seqs[k] = [
+            (g.astype(dtype), x.astype(np.float32).astype(dtype).astype(np.float64), r)
+            for g, x, r in seq
+        ]
+    steps = [{k: seqs[k][t][0] for k in leaves} for t in range(3)]
+    w, state = run_steps(make(), w0, steps, jit)
+    got = [w, *state_arrays(state, names)]
+    for k, (_, dtype, tol) in leaves.items():
+        want = oracle(np.asarray(w0[k], np.float64), seqs[k])
+        for i, (a, b) in enumerate(zip([x[k] for x in got], want, strict=True)):
+            assert a.shape == b.shape and a.dtype == dtype, (k, i)
+            scale = float(np.max(np.abs(b), initial=0.0)) or 1.0  # relative to the array
+            np.testing.assert_allclose(
+                np.asarray(a, np.float64), b, rtol=tol, atol=tol * scale, err_msg=f"{k}[{i}]"
+            )
+
+
+# The scale_by_* pieces (the direction, before the learning rate): with
+# `w -= u` they follow the oracles at learning rate 1.
+PIECES = {
+    "sgd": (
+        lambda: jsr.optim.scale_by_lazy_sgd(0.9, True, 0.1, rescale_grad=0.5, clip_gradient=0.8),
+        lambda w, gs: numpy_sgd(w, gs, 1.0, 0.9, True, 0.1, 0.5, 0.8, lazy=True),
+        ("trace",),
+    ),
+    "adam": (
+        lambda: jsr.optim.scale_by_lazy_adam(b1=0.8, b2=0.95, eps=1e-6, eps_root=1e-8),
+        lambda w, gs: numpy_adam(w, gs, 1.0, 0.8, 0.95, 1e-6, 1e-8, 0.0, lazy=True),
+        ("mu", "nu"),
+    ),
+    "adagrad": (
+        lambda: jsr.optim.scale_by_lazy_adagrad(initial_accumulator_value=0.2, eps=1e-6),
+        lambda w, gs: numpy_adagrad(w, gs, 1.0, 0.2, 1e-6),
+        ("sum_of_squares",),
+    ),
+    "rowwise": (
+        lambda: jsr.optim.scale_by_lazy_rowwise_adagrad(eps=1e-6, weight_decay=0.1),
+        lambda w, gs: numpy_rowwise_adagrad(w, gs, 1.0, 1e-6, 0.1),
+        ("sum_of_squares",),
+    ),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("name", sorted(PIECES))
+def test_scale_by_pieces_match_numpy(name, jit):
+    make, oracle, names = PIECES[name]
+    rng = np.random.default_rng(87)
+    w0 = rng.normal(size=(10, 3)).astype(np.float32)
+    grads = grad_sequence(88, 3, 10, (3,), capacity=4, empty_steps=(1,))
+    grads.append(dense_step(rng.normal(size=(10, 3))))
+    descend = lambda p, u: jsr.optim.apply_updates(p, -u)  # noqa: E731
+    w, state = run_steps(make(), jnp.asarray(w0), [g for g, _, _ in grads], jit, apply=descend)
+    want_w, *want_states = oracle(w0, grads)
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-5)
+    for got, want in zip(state_arrays(state, names), want_states, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lr,flip_sign", [(0.3, True), ("schedule", True), ("schedule", False)])
+def test_scale_by_learning_rate_matches_numpy(jit_mode, lr, flip_sign):
+    """`u = -lr(count) * g` on RowSparse data (ids kept) and dense leaves; the
+    schedule's count advances on every call, a call listing no row included."""
+    sched = (lambda c: 0.1 * (c + 1)) if lr == "schedule" else None
+    tx = jsr.optim.scale_by_learning_rate(sched or lr, flip_sign=flip_sign)
+    rng = np.random.default_rng(89)
+    state = tx.init({"emb": jnp.zeros((6, 2)), "b": jnp.zeros(3)})
+    update = jit_mode(tx.update)
+    for count, (g, dense, _) in enumerate(grad_sequence(90, 3, 6, (2,), 3, empty_steps=(1,))):
+        b = rng.normal(size=3).astype(np.float32)
+        u, state = update({"emb": g, "b": jnp.asarray(b)}, state)
+        step = (sched(count) if sched else lr) * (-1.0 if flip_sign else 1.0)
+        assert u["emb"].indices.tolist() == g.indices.tolist()
+        np.testing.assert_allclose(u["emb"].asnumpy(), step * dense, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(u["b"]), step * b, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(OPTS))

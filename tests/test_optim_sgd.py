@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, run_optax_on_dense, run_steps
+from test_optim_common import grad_sequence, listed, numpy_sgd, run_optax_on_dense, run_steps
 
 import jaxsparse_rows as jsr
 
@@ -26,21 +26,6 @@ def test_seed_mxnet_lazy_sgd(jit_mode):
         np.asarray(w), [[1, 1], [0.99, 0.98], [0.96, 0.95], [1, 1]], rtol=1e-6
     )
     np.testing.assert_allclose(np.asarray(state[0].trace), [[0, 0], [1, 2], [4, 5], [0, 0]])
-
-
-def numpy_sgd(w, grads, lr, momentum, nesterov, wd, rescale, clip, lazy):
-    w = np.array(w, np.float64)
-    m = np.zeros_like(w)
-    for _, dense, rows in grads:
-        rr = rows if lazy else np.arange(w.shape[0])
-        g = rescale * dense[rr]
-        if clip is not None:
-            g = np.clip(g, -clip, clip)
-        g = g + wd * w[rr]
-        m[rr] = momentum * m[rr] + g
-        u = g + momentum * m[rr] if nesterov else m[rr]
-        w[rr] -= lr * u
-    return w, m
 
 
 CONFIGS = [
@@ -95,18 +80,20 @@ def test_lazy_sgd_without_momentum_is_exactly_dense():
     np.testing.assert_array_equal(np.asarray(w1), np.asarray(w2))
 
 
-def test_lazy_sgd_untouched_rows_keep_momentum():
+@pytest.mark.parametrize("jit", [False, True])
+def test_lazy_sgd_untouched_rows_keep_momentum(jit):
+    # Rows 0 and 1, then row 0 alone: row 1's momentum is frozen and does not
+    # move its weight again (the dense rule would); row 2 is never touched.
+    grads = [listed([[1.0], [1.0]], [0, 1], (3, 1)), listed([[1.0]], [0], (3, 1))]
     opt = jsr.optim.lazy_sgd(1.0, momentum=0.5)
-    w = jnp.zeros((3, 1))
-    s = opt.init(w)
-    u, s = opt.update(jsr.RowSparse([[1.0], [1.0]], [0, 1], shape=(3, 1)), s, w)
-    w = jsr.optim.apply_updates(w, u)
-    u, s = opt.update(jsr.RowSparse([[1.0]], [0], shape=(3, 1)), s, w)
-    w = jsr.optim.apply_updates(w, u)
-    # row 0: m = 1 then 1.5; row 1: m = 1 and frozen; row 2 never touched.
-    np.testing.assert_allclose(np.asarray(s[0].trace)[:, 0], [1.5, 1.0, 0.0])
-    np.testing.assert_allclose(np.asarray(w)[:, 0], [-2.5, -1.0, 0.0])
-    assert u.indices.tolist() == [0]
+    w, s = run_steps(opt, jnp.zeros((3, 1)), [g for g, _, _ in grads], jit)
+    w_np, m_np = numpy_sgd(np.zeros((3, 1)), grads, 1.0, 0.5, False, 0.0, 1.0, None, lazy=True)
+    w_dense, _ = numpy_sgd(np.zeros((3, 1)), grads, 1.0, 0.5, False, 0.0, 1.0, None, lazy=False)
+    assert w_dense[1, 0] != w_np[1, 0]  # the case tells lazy from dense
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(s[0].trace), m_np, rtol=1e-6)
+    u, _ = opt.update(grads[1][0], s, w)
+    assert isinstance(u, jsr.RowSparse) and u.indices.tolist() == [0]
 
 
 def test_weight_decay_needs_params():

@@ -3,6 +3,7 @@ accumulator per row, FBGEMM's EXACT_ROWWISE_ADAGRAD / MXNet's GroupAdaGrad)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -161,7 +162,9 @@ def scale_by_lazy_rowwise_adagrad(
         if decay:
             g = g + weight_decay * w
         axes = tuple(range(1, g.ndim))
-        acc = acc + jnp.mean(jnp.square(g), axis=axes)
+        # mean over the row's elements; a row of no elements (D = 0) adds 0, not 0/0
+        size = max(math.prod(g.shape[1:]), 1)
+        acc = acc + jnp.sum(jnp.square(g), axis=axes) / size
         denom = jnp.sqrt(acc) + eps
         denom = denom.reshape(denom.shape + (1,) * len(axes))
         # A row whose accumulator is still 0 (zero gradients so far) with
