@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._config import log_inference
 from ._csr import CSR
@@ -17,8 +18,9 @@ from ._util import ROWSPARSE_INDEXING, segment_rows, zeros_rows
 def _check_axis(x: Any, axis: Any) -> int | None:
     if axis is None:
         return None
-    if not isinstance(axis, int):
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
         raise TypeError(f"`axis` must be None or an int, got {axis!r}.")
+    axis = int(axis)
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"`axis` {axis} is out of range for a {x.ndim}-D array.")
     return axis % x.ndim

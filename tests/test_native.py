@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_switch import REQUIRED, needs_kernels
+from kernel_switch import REQUIRED, kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
@@ -61,6 +61,14 @@ def _random_problem(rng, m, k, d, max_row, pad, dtype=np.float32, idtype=np.int3
     shape = (k,) if d is None else (k, d)
     table = rng.standard_normal(shape).astype(dtype)
     return vals, cols, indptr, table
+
+
+def _seed_csr(dtype=jnp.float32):
+    """The 3x5 csr [[7, 0, 8, 0, 0], [0] * 5, [0, 9, 0, 0, 0]] and its numpy form."""
+    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5), dtype=dtype)
+    dense = np.zeros((3, 5))
+    dense[[0, 0, 2], [0, 2, 1]] = [7.0, 8, 9]
+    return x, dense
 
 
 def _both_paths(vals, cols, indptr, table):
@@ -124,29 +132,28 @@ def test_threaded_path_is_correct_and_deterministic(rng):
 
 @needs_kernels
 def test_dot_uses_the_kernel_only_when_enabled():
-    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
+    x, dense = _seed_csr()
     y = jnp.arange(10.0).reshape(5, 2)
-    expected = x.asnumpy() @ np.asarray(y)
+    expected = dense @ np.asarray(y)
     assert jsr.native_kernels_enabled()
     assert TARGET in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
     np.testing.assert_allclose(jsr.dot(x, y), expected)
-    try:
-        jsr.set_native_kernels(False)
+    with kernels_set(False):
         assert not jsr.native_kernels_enabled()
         assert TARGET not in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
         np.testing.assert_allclose(jsr.dot(x, y), expected)
-    finally:
-        jsr.set_native_kernels(True)
     assert jsr.native_kernels_enabled()
 
 
 @needs_kernels
 def test_unsupported_dtypes_use_xla():
-    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5), dtype=jnp.float16)
-    y = jnp.ones((5, 2), jnp.float16)
-    hlo = jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
+    x, dense = _seed_csr(jnp.float16)
+    y = np.arange(10).reshape(5, 2).astype(np.float16)
+    hlo = jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, jnp.asarray(y)).as_text()
     assert TARGET not in hlo
-    np.testing.assert_allclose(np.asarray(jsr.dot(x, y), np.float32), [[15, 15], [0, 0], [9, 9]])
+    out = jsr.dot(x, jnp.asarray(y))
+    assert out.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(out, np.float64), dense @ y)  # exact in float16
 
 
 @needs_kernels
@@ -258,10 +265,10 @@ def test_missing_library_falls_back_to_xla(monkeypatch):
     monkeypatch.setattr(_native, "library_path", lambda: None)
     assert not jsr.native_kernels_available()
     assert "not built" in _native.native_kernels_status()
-    x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
-    y = jnp.ones((5, 2))
+    x, dense = _seed_csr()
+    y = np.arange(10.0, dtype=np.float32).reshape(5, 2)
     assert TARGET not in jax.jit(lambda a, b: jsr.dot(a, b)).lower(x, y).as_text()
-    np.testing.assert_allclose(jsr.dot(x, y), [[15, 15], [0, 0], [9, 9]])
+    np.testing.assert_allclose(jsr.dot(x, jnp.asarray(y)), dense @ y)
 
 
 @needs_kernels
@@ -355,11 +362,8 @@ def test_toggling_retraces_jitted_functions():
     y = jnp.ones((5, 2))
     first = g(x, y)
     g(x, y)
-    try:
-        jsr.set_native_kernels(False)
+    with kernels_set(False):
         second = g(x, y)
-    finally:
-        jsr.set_native_kernels(True)
     assert traces == [True, False]
     np.testing.assert_array_equal(first, second)
 
@@ -482,11 +486,8 @@ def test_transposed_dot_uses_the_kernel_and_keeps_padding_out(rng):
     assert out.indices.shape == (5,)
     np.testing.assert_array_equal(out.indices, [0, 1, 2, 5, 5])
     np.testing.assert_allclose(out.todense(), base.asnumpy().T @ np.asarray(y), rtol=1e-6)
-    try:
-        jsr.set_native_kernels(False)
+    with kernels_set(False):
         ref = f(x, y)
-    finally:
-        jsr.set_native_kernels(True)
     np.testing.assert_array_equal(out.indices, ref.indices)
     np.testing.assert_allclose(out.data, ref.data, rtol=1e-6)
 
@@ -591,11 +592,8 @@ def test_rowsparse_rhs_matches_xla_through_dot(rng, transpose_a):
     target = T_TARGET if transpose_a else TARGET
     assert target in f.lower(x, rhs).as_text()
     out = f(x, rhs)
-    try:
-        jsr.set_native_kernels(False)
+    with kernels_set(False):
         ref = f(x, rhs)
-    finally:
-        jsr.set_native_kernels(True)
     if transpose_a:
         np.testing.assert_array_equal(out.indices, ref.indices)
         out, ref = out.data, ref.data
@@ -608,22 +606,48 @@ def test_rowsparse_rhs_matches_xla_through_dot(rng, transpose_a):
     )
 
 
-def test_transposed_column_count_beyond_the_index_dtype_stays_in_xla():
+def test_transposed_column_count_beyond_the_index_dtype_stays_in_xla(monkeypatch):
     """K above int32's range (x64 off) cannot pad int32 indices. The kernel is
-    not used; the XLA path reports the overflow, with the kernels on or off."""
-    x = jsr.CSR._make(
-        jnp.ones((2,)),
-        jnp.array([0, 5], jnp.int32),
-        jnp.array([0, 1, 2], jnp.int32),
-        (2, 2**31 + 10),
-    )
+    not used (the trace raises, so there is no program to inspect: a spy on the
+    kernel's entry point sees no call); the XLA path reports the overflow, with
+    the kernels on or off. At K = int32 max the kernel still runs, and agrees
+    with XLA."""
+    from jaxsparse_rows import _dot
+
+    calls = []
+    real = _dot._csr_t_dense_native
+
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(_dot, "_csr_t_dense_native", spy)
+
+    def csr_with_columns(k):  # entries (0, 0) = 2 and (1, 5) = 3
+        cols, indptr = jnp.array([0, 5], jnp.int32), jnp.array([0, 1, 2], jnp.int32)
+        return jsr.CSR._make(jnp.array([2.0, 3.0]), cols, indptr, (2, k))
+
+    f = jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))
+    y = np.arange(6.0, dtype=np.float32).reshape(2, 3)
     for enabled in (True, False):
-        try:
-            jsr.set_native_kernels(enabled)
-            with pytest.raises(OverflowError):
-                jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))(x, jnp.ones((2, 3)))
-        finally:
-            jsr.set_native_kernels(True)
+        with kernels_set(enabled), pytest.raises(OverflowError):
+            f(csr_with_columns(2**31 + 10), jnp.asarray(y))
+    assert calls == []
+
+    k_max = int(np.iinfo(np.int32).max)
+    results = []
+    for enabled in (True, False):
+        calls.clear()
+        with kernels_set(enabled):
+            hlo = f.lower(csr_with_columns(k_max), jnp.asarray(y)).as_text()
+            uses_kernel = enabled and jsr.native_kernels_available()
+            assert (T_TARGET in hlo) == uses_kernel
+            assert bool(calls) == uses_kernel
+            results.append(f(csr_with_columns(k_max), jnp.asarray(y)))
+    for out in results:  # column 0 is 2 * y[0], column 5 is 3 * y[1]
+        assert out.shape == (k_max, 3)
+        np.testing.assert_array_equal(out.indices, [0, 5])
+        np.testing.assert_array_equal(out.data, [2 * y[0], 3 * y[1]])
 
 
 @needs_kernels

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,13 +46,61 @@ def test_deterministic_and_key_dependent():
     np.testing.assert_array_equal(r1.data, r2.data)
 
 
+def _chi_square_cdf(counts, total):
+    """CDF of the chi-square statistic of ``counts`` in equal buckets, when
+    ``k = sum(counts)`` of ``total`` equally likely positions were drawn
+    without replacement: the statistic, scaled by ``(total - 1) / (total - k)``
+    for the smaller spread of such draws, is about chi-square with
+    ``len(counts) - 1`` degrees of freedom. Near 0: too even; near 1: too uneven."""
+    counts = np.asarray(counts, np.float64)
+    k = counts.sum()
+    expected = k / len(counts)
+    stat = ((counts - expected) ** 2 / expected).sum() * (total - 1) / (total - k)
+    return scipy.stats.chi2.cdf(stat, len(counts) - 1)
+
+
 def test_positions_are_spread_uniformly():
-    x = jsr.random.csr(jax.random.key(7), (200, 50), 0.2)
-    counts = np.diff(np.asarray(x.indptr))
-    # 10 entries per row on average; every column used about 40 times
-    assert abs(counts.mean() - 10) < 1e-9 and counts.std() < 5
-    col_counts = np.bincount(np.asarray(x.indices), minlength=50)
-    assert col_counts.min() > 15 and col_counts.max() < 70
+    """Chi-square tests (fixed keys, two-sided, generous bounds) of how the
+    entries fall into rows, columns and blocks of the flat positions."""
+    m, k = 200, 50
+    x = jsr.random.csr(jax.random.key(7), (m, k), 0.2)
+    indptr, cols = np.asarray(x.indptr), np.asarray(x.indices)
+    rows = np.repeat(np.arange(m), np.diff(indptr))
+    flat = rows * k + cols
+    for counts in (
+        np.diff(indptr),  # entries per row
+        np.bincount(cols, minlength=k),  # per column
+        np.bincount(flat // 250, minlength=m * k // 250),  # per block of 250 positions
+        np.bincount(2 * (rows % 2) + cols % 2, minlength=4),  # row / column parity
+    ):
+        assert 1e-6 < _chi_square_cdf(counts, m * k) < 1 - 1e-6, counts
+    n = 4000
+    a = jsr.random.row_sparse(jax.random.key(8), (n, 2), 0.25)
+    counts = np.bincount(np.asarray(a.indices) // 100, minlength=n // 100)  # rows per block
+    assert 1e-6 < _chi_square_cdf(counts, n) < 1 - 1e-6, counts
+
+
+def test_under_jit():
+    """The functions draw on the host from a concrete key (the module docs: call
+    them outside jit): a key traced by jit is refused with a TypeError that says
+    so. Arrays drawn outside pass into jitted code and come back unchanged."""
+    key = jax.random.key(5)
+    for fn in (jsr.random.csr, jsr.random.row_sparse):
+        with pytest.raises(TypeError, match="concrete jax.random key.*run outside jit"):
+            jax.jit(lambda k, fn=fn: fn(k, (4, 5), 0.5))(key)
+    c, r = jsr.random.csr(key, (6, 5), 0.4), jsr.random.row_sparse(key, (6, 5), 0.5, capacity=4)
+    c2, r2 = jax.jit(lambda c, r: (c, r))(c, r)
+    for a, b, fields in ((c, c2, ("data", "indices", "indptr")), (r, r2, ("data", "indices"))):
+        assert type(a) is type(b) and a.shape == b.shape
+        for f in fields:
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    # a jitted product of the drawn csr against numpy
+    dense = np.zeros((6, 5), np.float32)
+    rows = np.repeat(np.arange(6), np.diff(np.asarray(c.indptr)))
+    dense[rows, np.asarray(c.indices)] = np.asarray(c.data)
+    assert np.count_nonzero(dense) == 12  # round(0.4 * 30) entries
+    y = np.arange(10.0, dtype=np.float32).reshape(5, 2)
+    np.testing.assert_allclose(jax.jit(jsr.dot)(c, jnp.asarray(y)), dense @ y, rtol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])

@@ -3,6 +3,7 @@ and under jit, over edge shapes and dtypes."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ RSP_CASES = [
     ((6, 2), 0, 0),
     ((5, 2, 3), 2, 3),
     ((7,), 3, 4),
+    ((4, 0), 2, 3),  # D = 0
 ]
 CSR_CASES = [((0, 3), 0), ((4, 5), 0), ((4, 5), 3), ((3, 0), 1)]
 
@@ -33,6 +35,21 @@ def make(kind, case, dtype=jnp.float32):
     )
 
 
+def _dense_of(x):
+    """The numpy array of a RowSparse / CSR, scattered in numpy from its
+    stored entries (padding dropped)."""
+    data, idx = np.asarray(x.data), np.asarray(x.indices)
+    out = np.zeros(x.shape, data.dtype)
+    if isinstance(x, jsr.RowSparse):
+        real = idx < x.shape[0]
+        out[idx[real]] = data[real]
+        return out
+    indptr = np.asarray(x.indptr)
+    rows = np.repeat(np.arange(x.shape[0]), np.diff(indptr))
+    out[rows, idx[: indptr[-1]]] = data[: indptr[-1]]
+    return out
+
+
 CASES = [("row_sparse", c) for c in RSP_CASES] + [("csr", c) for c in CSR_CASES]
 
 
@@ -42,20 +59,40 @@ def test_sum_all_axes(kind, case, jit_mode):
     axes = [None] + list(range(x.ndim)) + [-1]
     f = jit_mode(lambda x: [jsr.sum(x, axis=a, keepdims=k) for a in axes for k in (False, True)])
     outs = f(x)
-    dense = np.asarray(x).astype(np.float64)
+    dense = _dense_of(x).astype(np.float64)
     expected = [dense.sum(axis=a, keepdims=k) for a in axes for k in (False, True)]
     for out, exp in zip(outs, expected, strict=True):
         assert jsr.stype(out) == "default" and out.dtype == x.dtype
         jsrt.assert_allclose(out, exp)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_sum_keeps_half_dtype(dtype):
-    x = make("row_sparse", ((6, 2), 3, 5), dtype)
-    for a in (None, 0, 1):
-        out = jsr.sum(x, axis=a)
-        assert out.dtype == dtype
-        jsrt.assert_allclose(out, np.asarray(x).astype(np.float64).sum(axis=a))
+DTYPE_CASES = [("row_sparse", ((6, 2), 3, 5)), ("csr", ((4, 5), 3))]
+
+
+@pytest.mark.parametrize("kind,case", DTYPE_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.int32])
+def test_sum_and_square_sum_dtypes(kind, case, dtype, jit_mode):
+    """Half-precision sums keep their dtype; integer sums widen as numpy's do
+    (to the default int); values against numpy, every axis."""
+    x = make(kind, case, dtype)
+    dense = _dense_of(x)
+    axes = [None] + list(range(x.ndim))
+    combos = [(a, k) for a in axes for k in (False, True)]
+
+    def reductions(x):
+        sums = [jsr.sum(x, axis=a) for a in axes]
+        squares = [jsr.square_sum(x, axis=a, keepdims=k) for a, k in combos]
+        return sums, squares
+
+    sums, squares = jit_mode(reductions)(x)
+    want_dtype = jax.dtypes.canonicalize_dtype(np.sum(dense[:0]).dtype)
+    wide = dense.astype(np.float64)
+    for out, a in zip(sums, axes, strict=True):
+        assert out.dtype == want_dtype
+        jsrt.assert_allclose(out, wide.sum(axis=a), stype="default")
+    for out, (a, k) in zip(squares, combos, strict=True):
+        assert out.dtype == want_dtype
+        jsrt.assert_allclose(out, (wide**2).sum(axis=a, keepdims=k))
 
 
 def test_sum_bad_axis():
@@ -70,21 +107,19 @@ def test_sum_bad_axis():
 @pytest.mark.parametrize("kind,case", CASES, ids=str)
 def test_square_sum(kind, case, jit_mode):
     x = make(kind, case)
-    dense = np.asarray(x).astype(np.float64)
+    dense = _dense_of(x).astype(np.float64)
     axes = [a for a in (None, 0, 1, -1) if a is None or -x.ndim <= a < x.ndim]
-    for axis in axes:
-        for keepdims in (True, False):
-            out = jit_mode(lambda x, a=axis, k=keepdims: jsr.square_sum(x, axis=a, keepdims=k))(x)
-            sparse_out = (
-                kind == "row_sparse" and axis is not None and axis % x.ndim >= 1 and keepdims
-            )
-            jsrt.assert_allclose(
-                out,
-                (dense**2).sum(axis=axis, keepdims=keepdims),
-                stype="row_sparse" if sparse_out else "default",
-            )
-            if sparse_out:
-                np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
+    combos = [(a, k) for a in axes for k in (True, False)]
+    outs = jit_mode(lambda x: [jsr.square_sum(x, axis=a, keepdims=k) for a, k in combos])(x)
+    for out, (axis, keepdims) in zip(outs, combos, strict=True):
+        sparse_out = kind == "row_sparse" and axis is not None and axis % x.ndim >= 1 and keepdims
+        jsrt.assert_allclose(
+            out,
+            (dense**2).sum(axis=axis, keepdims=keepdims),
+            stype="row_sparse" if sparse_out else "default",
+        )
+        if sparse_out:
+            np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
 
 
 def test_square_sum_dense_input():
@@ -98,7 +133,7 @@ def test_norm(kind, case, dtype, jit_mode):
     x = make(kind, case, dtype)
     out = jit_mode(jsr.norm)(x)
     assert out.shape == () and out.dtype == dtype
-    jsrt.assert_allclose(out, np.linalg.norm(np.asarray(x).astype(np.float64).ravel()))
+    jsrt.assert_allclose(out, np.linalg.norm(_dense_of(x).astype(np.float64).ravel()))
 
 
 def test_norm_ignores_padding_and_dense_input():
@@ -119,3 +154,13 @@ def test_norm_of_complex_and_integer_data_follows_jnp_linalg_norm(values, dtype)
     assert got.dtype == want.dtype and not jnp.iscomplexobj(got)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
     np.testing.assert_allclose(float(jsr.norm(x.asnumpy())), float(want), rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [np.int64(0), np.int32(-1), np.intp(1)])
+def test_numpy_integer_axes_are_accepted(axis):
+    """As in jnp.sum; `axis=np.int64(0)` raised a TypeError."""
+    dense = np.array([[0.0, 0.0], [1.0, 2.0], [0.0, 3.0]], np.float32)
+    x = jsr.cast_storage(jnp.asarray(dense), "row_sparse")
+    np.testing.assert_array_equal(np.asarray(jsr.sum(x, axis=axis)), dense.sum(axis=int(axis)))
+    with pytest.raises(TypeError, match=r"`axis` must be None or an int, got True"):
+        jsr.sum(x, axis=True)

@@ -51,6 +51,102 @@ def test_cast_storage_all_pairs(src, dst, dtype, jit_mode):
         assert f(x) is x
 
 
+def _pattern(rng, shape, dtype, row_density=0.6, density=0.7):
+    """A numpy array of ``shape``: some all-zero rows, some zeros inside rows."""
+    keep_row = rng.random(shape[:1]) < row_density
+    keep = (rng.random(shape) < density) & keep_row.reshape((-1,) + (1,) * (len(shape) - 1))
+    return np.where(keep, jsrt.random_dense(rng, shape, dtype), np.zeros((), dtype))
+
+
+def _nonzero_rows(dense):
+    return np.flatnonzero(dense.any(axis=tuple(range(1, dense.ndim))))
+
+
+def _rsp_of(dense, pad):
+    """A RowSparse storing the non-zero rows of the numpy ``dense`` (built in
+    numpy), plus ``pad`` padding slots."""
+    n = dense.shape[0]
+    rows = _nonzero_rows(dense)
+    idx = np.concatenate([rows, np.full(pad, n)]).astype(np.int32)
+    data = np.concatenate([dense[rows], np.zeros((pad,) + dense.shape[1:], dense.dtype)])
+    return jsr.RowSparse(jnp.asarray(data), jnp.asarray(idx), dense.shape)
+
+
+def _csr_of(dense, pad):
+    """A CSR of the non-zeros of the 2-D numpy ``dense`` (built in numpy), plus
+    ``pad`` padding slots; and its (indices, indptr) without the padding."""
+    m, k = dense.shape
+    r, c = np.nonzero(dense)
+    data = np.concatenate([dense[r, c], np.zeros(pad, dense.dtype)])
+    cols = np.concatenate([c, np.full(pad, k)]).astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=m))]).astype(np.int32)
+    x = jsr.CSR(jnp.asarray(data), jnp.asarray(cols), jnp.asarray(indptr), (m, k))
+    return x, (c, indptr)
+
+
+# (shape, density, padding slots, dtype): empty, zero-width, all-zero, padded
+# and n-d inputs.
+CAST_CASES = [
+    ((5, 4), 0.7, 0, np.float32),
+    ((5, 4), 0.7, 2, np.float32),
+    ((0, 3), 0.7, 0, np.float32),  # (0, K)
+    ((0, 3), 0.7, 2, np.float32),
+    ((4, 0), 0.7, 0, np.float32),  # (M, 0)
+    ((4, 0), 0.7, 1, np.float32),
+    ((3, 4), 0.0, 0, np.float32),  # nnz = 0: capacity 0
+    ((3, 4), 0.0, 2, np.float32),  # nnz = 0, padding only
+    ((4, 2, 3), 0.7, 1, np.float32),  # n-d rows (no csr form)
+] + [((5, 4), 0.7, 2, d) for d in (jnp.bfloat16, np.float16, np.int32, np.bool_)]
+
+
+@pytest.mark.parametrize(
+    "shape,density,pad,dtype",
+    CAST_CASES,
+    ids=lambda v: np.dtype(v).name if isinstance(v, type) else str(v),
+)
+def test_cast_storage_grid(shape, density, pad, dtype, jit_mode):
+    """row_sparse <-> csr <-> dense against numpy, eagerly (exact: only rows and
+    entries holding a non-zero) and under jit (every stored entry kept)."""
+    rng = np.random.default_rng(len(shape) * 7 + pad)
+    dense = _pattern(rng, shape, dtype, density=density)
+    nz_rows = _nonzero_rows(dense)
+    jitted = jit_mode(jsr.stype) is not jsr.stype
+    rsp = _rsp_of(dense, pad)
+    if len(shape) != 2:  # row_sparse <-> dense only
+        jsrt.assert_allclose(jit_mode(jsr.todense)(rsp), dense, stype="default", dtype=dtype)
+        if not jitted:
+            out = jsr.cast_storage(jnp.asarray(dense), "row_sparse")
+            jsrt.assert_allclose(out, dense, stype="row_sparse", dtype=dtype)
+            np.testing.assert_array_equal(out.indices, nz_rows)
+        return
+    csr, (cols, indptr) = _csr_of(dense, pad)
+
+    def casts(rsp, csr):  # one program under jit
+        c = jsr.cast_storage
+        return c(rsp, "default"), c(csr, "default"), c(rsp, "csr"), c(csr, "row_sparse")
+
+    rsp_d, csr_d, to_csr, to_rsp = jit_mode(casts)(rsp, csr)
+    jsrt.assert_allclose(rsp_d, dense, stype="default", dtype=dtype)
+    jsrt.assert_allclose(csr_d, dense, stype="default", dtype=dtype)
+    jsrt.assert_allclose(to_csr, dense, stype="csr", dtype=dtype)
+    jsrt.assert_allclose(to_rsp, dense, stype="row_sparse", dtype=dtype)
+    if jitted:  # every stored entry, padding slots included, is kept
+        assert to_csr.nse == rsp.capacity * shape[1]
+        assert to_rsp.capacity <= min(csr.nse, shape[0])
+        return
+    # Eagerly the conversions are exact: only the non-zeros are stored; a dense
+    # input converts too (under jit it needs a capacity).
+    to_rsp2 = jsr.cast_storage(jnp.asarray(dense), "row_sparse")
+    to_csr2 = jsr.cast_storage(jnp.asarray(dense), "csr")
+    jsrt.assert_allclose(to_rsp2, dense, stype="row_sparse", dtype=dtype)
+    jsrt.assert_allclose(to_csr2, dense, stype="csr", dtype=dtype)
+    for out in (to_csr, to_csr2):
+        np.testing.assert_array_equal(out.indices, cols)
+        np.testing.assert_array_equal(out.indptr, indptr)
+    for out in (to_rsp, to_rsp2):
+        np.testing.assert_array_equal(out.indices, nz_rows)
+
+
 def test_cast_storage_exact_and_under_jit_keeps_entries():
     rsp = jsr.cast_storage(jnp.asarray(DENSE), "row_sparse")
     assert rsp.indices.tolist() == [0, 2]  # exact: only non-zero rows
