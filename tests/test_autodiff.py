@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_no_dense_temporaries import _big_values
+from jaxpr_walk import big_values, primitive_names
+from kernel_switch import kernels_set
+from test_rows import bucketed_ids, modes_and_dtypes
 
 import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
 
 
 def _restrict(dense_grad, indices, n):
@@ -164,24 +167,122 @@ def test_bad_argnums():
         jsr.grad(lambda a: jnp.sum(a), argnums=3)(jnp.ones(2))
 
 
-@given(
-    v=st.integers(1, 30),
-    ids=st.lists(st.integers(0, 29), min_size=1, max_size=12),
-    extra=st.integers(0, 4),
-    seed=st.integers(0, 1000),
-)
-def test_gradient_property(v, ids, extra, seed):
-    rng = np.random.default_rng(seed)
-    ids = jnp.asarray(np.array([i % v for i in ids], np.int32))
-    table = jnp.asarray(rng.standard_normal((v, 2)).astype(np.float32))
-    size = len(np.unique(np.asarray(ids))) + extra
-    weights = jnp.asarray(rng.standard_normal(ids.shape[0]).astype(np.float32))
-    loss = lambda t: jnp.sum(jsr.take(t, ids) ** 2 * weights[:, None])
+def _weighted_sq(rows, ids, weights):
+    """sum_i weights[i] * rows[ids[i]] ** 2 (over every element of the row)."""
+    emb = jsr.take(rows, ids)
+    return jnp.sum(emb**2 * weights.reshape(weights.shape + (1,) * (emb.ndim - 1)))
 
-    g = jax.jit(lambda t: jsr.grad(loss)(jsr.pull_rows(t, ids, size=size)))(table)
-    g_ref = jax.grad(loss)(table)
-    np.testing.assert_allclose(np.asarray(g.todense()), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
-    jsr.check(g)
+
+def _weighted_sq_oracle(table, ids, weights):
+    """``(value, dense gradient)`` of :func:`_weighted_sq` in float64; ids
+    outside ``[0, V)`` read zero rows."""
+    table = np.asarray(table, np.float64)
+    ids, weights = np.asarray(ids).reshape(-1), np.asarray(weights, np.float64).reshape(-1)
+    keep = (ids >= 0) & (ids < table.shape[0])
+    ids, w = ids[keep], weights[keep].reshape((-1,) + (1,) * (table.ndim - 1))
+    grad = np.zeros_like(table)
+    np.add.at(grad, ids, 2 * w * table[ids])
+    return np.sum(w * table[ids] ** 2), grad
+
+
+def _pull_value_and_grad(table, ids, weights, *, size):
+    rows = jsr.pull_rows(table, ids, size=size)
+    return rows, jsr.value_and_grad(_weighted_sq)(rows, ids, weights)
+
+
+# V = 0, D = 0, n-d rows, no ids (a capacity-0 view).
+GRAD_BUCKETS = [
+    (1, (2,), 3, 1),
+    (7, (0,), 5, 3),  # D = 0
+    (30, (2,), 12, 7),
+    (6, (2, 3), 8, 4),  # n-d rows
+    (5, (2,), 0, 0),  # no ids: a capacity-0 view
+    (0, (2,), 4, 0),  # V = 0: every id is the padding id 0
+]
+
+
+@given(case=bucketed_ids(GRAD_BUCKETS), tight=st.booleans(), seed=st.integers(0, 1000))
+def test_gradient_property(jit_mode, case, tight, seed):
+    """Ids in [0, V] (V: padding), a view of exactly the distinct ids or of
+    ids.size + 2 slots: the value and the row-sparse gradient match numpy."""
+    (v, row, n, u), ids = case
+    rng = np.random.default_rng(seed)
+    ids = np.array(ids, np.int32)
+    table = jnp.asarray(rng.standard_normal((v,) + row).astype(np.float32))
+    weights = jnp.asarray(rng.standard_normal(n).astype(np.float32))
+    size = u if tight else n + 2
+    fn = jit_mode(_pull_value_and_grad, static_argnames="size")
+    rows, (value, g) = fn(table, jnp.asarray(ids), weights, size=size)
+    want_value, want_grad = _weighted_sq_oracle(table, ids, weights)
+    np.testing.assert_allclose(float(value), want_value, rtol=1e-5, atol=1e-5)
+    assert isinstance(g, jsr.RowSparse) and g.shape == table.shape and g.capacity == size
+    np.testing.assert_array_equal(np.asarray(g.indices), np.asarray(rows.indices))
+    jsrt.assert_allclose(g, want_grad, rtol=1e-5, atol=1e-5)  # (and g is canonical)
+
+
+# (table shape, the view's ids, the loss's ids)
+EDGES = {
+    "unstored_and_padding_reads": ((9, 3), [4, 1, 4, 7], [[1, 4], [7, 4], [9, 2]]),
+    "nd_rows": ((9, 2, 3), [0, 8, 0], [0, 8, 5]),
+    "scalar_rows": ((9,), [3, 5], [5, 3, 5]),
+    "empty_view": ((9, 3), [], [1, 2]),  # capacity 0: every read is zero
+    "padding_only_view": ((9, 3), [9, 9], [9, 0]),
+    "n0": ((0, 3), [], []),
+    "n0_padding_ids": ((0, 3), [0, 0], [0]),  # id N = 0 is the padding id
+    "d0": ((9, 0), [2, 5], [2, 2, 5]),
+}
+
+
+@pytest.mark.parametrize(
+    "jit_mode,dtype,table_shape,view_ids,loss_ids",
+    modes_and_dtypes(EDGES, [jnp.float32, jnp.bfloat16, jnp.float16]),
+    indirect=["jit_mode"],
+)
+def test_value_and_grad_edges_and_dtypes(jit_mode, dtype, table_shape, view_ids, loss_ids):
+    """value_and_grad over a view and a dense argument, against numpy in
+    float64: the loss reads the view (zero where it stores nothing), so the
+    oracle differentiates the table with its unstored rows zeroed."""
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.integers(-8, 8, size=table_shape) / 4, dtype)
+    scale = jnp.asarray(rng.integers(1, 4, size=table_shape[1:]) / 2, dtype)
+    view_ids = jnp.asarray(view_ids, jnp.int32)
+    ids = jnp.asarray(loss_ids, jnp.int32)
+
+    def loss(rows, scale, ids):
+        emb = jsr.take(rows, ids)
+        return jnp.sum(emb**2 * jnp.broadcast_to(scale, emb.shape))
+
+    def step(table, scale, view_ids, ids):
+        rows = jsr.pull_rows(table, view_ids)
+        return (
+            rows,
+            jsr.value_and_grad(loss, argnums=(0, 1))(rows, scale, ids),
+            jsr.grad(loss)(rows, scale, ids),
+        )
+
+    rows, (value, (g_rows, g_scale)), g_only = jit_mode(step)(table, scale, view_ids, ids)
+    seen = np.zeros(table_shape)  # the table as the view holds it
+    stored = np.unique(np.asarray(view_ids)[np.asarray(view_ids) < table_shape[0]])
+    seen[stored] = np.asarray(table, np.float64)[stored]
+    s = np.asarray(scale, np.float64)
+    flat = np.asarray(ids).reshape(-1)
+    read = np.concatenate([seen, np.zeros((1,) + seen.shape[1:])])[np.minimum(flat, len(seen))]
+    want_g_table = np.zeros_like(seen)
+    np.add.at(want_g_table, flat[flat < len(seen)], 2 * read[flat < len(seen)] * s)
+    rtol, atol = jsrt.tolerance(dtype)
+    assert value.dtype == dtype and g_scale.dtype == dtype and g_rows.dtype == dtype
+    np.testing.assert_allclose(float(value), np.sum(read**2 * s), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        np.asarray(g_scale, np.float64), np.sum(read**2, axis=0), rtol=rtol, atol=atol
+    )
+    assert isinstance(g_rows, jsr.RowSparse) and g_rows.shape == table_shape
+    assert g_rows.capacity == rows.capacity == view_ids.size
+    np.testing.assert_array_equal(np.asarray(g_rows.indices), np.asarray(rows.indices))
+    jsrt.assert_allclose(g_rows, want_g_table)
+    # grad (first argument only) agrees with value_and_grad.
+    assert isinstance(g_only, jsr.RowSparse) and g_only.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(g_only.indices), np.asarray(rows.indices))
+    np.testing.assert_array_equal(np.asarray(g_only.data), np.asarray(g_rows.data))
 
 
 def test_vmap_per_example_row_sparse_gradients(rng):
@@ -233,10 +334,16 @@ def test_micro_batch_accumulation_through_scan_is_row_sparse_and_exact(remat):
     assert isinstance(got["emb"], jsr.RowSparse) and got["emb"].capacity == ids.size
     np.testing.assert_allclose(np.asarray(got["emb"].todense()), dense["emb"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(got["w"]), dense["w"], rtol=1e-5, atol=1e-6)
-    # At V = 10**6 nothing in the gradient's program has V rows.
+    # At V = 10**6 nothing in the gradient's program has V rows: nowhere in a
+    # nested program (the scan, remat, both forms of the library's kernels).
     table = jax.ShapeDtypeStruct((v, d), jnp.float32)
-    jaxpr = jax.make_jaxpr(lambda t, w: jax.tree.leaves(grads_of(t, w)))(table, w)
-    assert _big_values(jaxpr, n_rows=v) == []
+    settings = [True, False] if jsr.native_kernels_available() else [False]
+    for native in settings:
+        with kernels_set(native):
+            jaxpr = jax.make_jaxpr(lambda t, w: jax.tree.leaves(grads_of(t, w)))(table, w)
+        assert big_values(jaxpr, v) == []
+        names = primitive_names(jaxpr)
+        assert "scan" in names and ("jsr_kernel_call" in names) == native
 
 
 def test_holomorphic_and_allow_int_pass_through_like_jax_grad():

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import jaxsparse_rows as jsr
+from jaxsparse_rows import testing as jsrt
 
 DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.int32]
 
@@ -75,18 +76,69 @@ def test_pull_rows_ignores_padding_id(rng):
     assert int(rows.nnz_rows) == 2
 
 
-@given(
-    v=st.integers(1, 40),
-    d=st.integers(0, 4),
-    ids=st.lists(st.integers(0, 39), min_size=0, max_size=30),
-    extra=st.integers(0, 5),
-)
-def test_pull_rows_property(v, d, ids, extra):
-    ids = np.array([i % v for i in ids], np.int32)
-    table = jnp.asarray(np.arange(v * max(d, 1), dtype=np.float32).reshape(v, max(d, 1)) + 1)
-    size = len(np.unique(ids)) + extra
-    rows = jax.jit(lambda t, i: jsr.pull_rows(t, i, size=size))(table, jnp.asarray(ids))
+@st.composite
+def bucketed_ids(draw, buckets):
+    """``(bucket, ids)``: a bucket ``(V, row shape, n, u)`` and a list of ``n``
+    ids in ``[0, V]`` (``V``: the padding id) with exactly ``u`` distinct ids
+    below ``V``, in any order. Fixed shapes and distinct counts per bucket let
+    the programs under test compile once per bucket, not once per example."""
+    v, _, n, u = bucket = draw(st.sampled_from(buckets))
+    distinct = draw(st.lists(st.integers(0, max(v - 1, 0)), min_size=u, max_size=u, unique=True))
+    rest = draw(st.lists(st.sampled_from([*distinct, v]), min_size=n - u, max_size=n - u))
+    return bucket, draw(st.permutations(distinct + rest))
+
+
+# V = 0, D = 0, n-d rows, no ids, few ids, ids beyond V.
+PULL_BUCKETS = [
+    (0, (3,), 4, 0),  # V = 0: every id is the padding id 0
+    (1, (2,), 5, 1),
+    (7, (0,), 6, 3),  # D = 0
+    (9, (2, 3), 8, 5),  # n-d rows
+    (5, (1,), 0, 0),  # no ids
+    (40, (4,), 30, 12),
+]
+
+
+def _pull_and_take(table, ids, *, size):
+    rows = jsr.pull_rows(table, ids, size=size)
+    return rows, jsr.take(rows, ids)
+
+
+@given(case=bucketed_ids(PULL_BUCKETS), tight=st.booleans())
+def test_pull_rows_property(jit_mode, case, tight):
+    """Capacity exactly the distinct ids, or ids.size; take reads the rows back."""
+    (v, row, n, u), ids = case
+    ids = np.array(ids, np.int32)
+    table = jnp.asarray(np.arange(v * int(np.prod(row)), dtype=np.float32).reshape((v,) + row) + 1)
+    size = u if tight else n
+    fn = jit_mode(_pull_and_take, static_argnames="size")
+    rows, taken = fn(table, jnp.asarray(ids), size=size)
+    assert rows.capacity == size and rows.dtype == jnp.float32
     _check_pulled(rows, table, ids)
+    padded = np.concatenate([np.asarray(table), np.zeros((1,) + row, np.float32)])
+    np.testing.assert_array_equal(np.asarray(taken), padded[ids])
+
+
+@pytest.mark.parametrize("table_shape", [(5, 0), (0, 3), (0,), (5, 2, 0)])
+def test_pull_take_and_grad_on_empty_tables_and_rows(jit_mode, table_shape):
+    """D = 0 and V = 0: pull_rows, take and the row-sparse gradient keep the shapes."""
+    v = table_shape[0]
+    table = jnp.ones(table_shape, jnp.float32)
+    ids = jnp.array([0, v, 0] if v else [0, 0], jnp.int32)  # v == 0: only padding
+
+    def f(table, ids):
+        rows = jsr.pull_rows(table, ids)
+        grad = jsr.grad(lambda r: jnp.sum(jsr.take(r, ids) ** 2))(rows)
+        return rows, jsr.take(rows, ids), grad
+
+    rows, taken, grad = jit_mode(f)(table, ids)
+    _check_pulled(rows, table, ids)
+    assert taken.shape == (ids.shape[0],) + table_shape[1:]
+    np.testing.assert_array_equal(np.asarray(taken), np.zeros(taken.shape))  # no elements or ones
+    assert isinstance(grad, jsr.RowSparse) and grad.shape == table_shape
+    np.testing.assert_array_equal(np.asarray(grad.indices), np.asarray(rows.indices))
+    np.testing.assert_array_equal(np.asarray(grad.todense()), np.zeros(table_shape))
+    jsrt.assert_valid(grad)
 
 
 def test_pull_rows_overflow_raises_when_concrete():
@@ -224,20 +276,95 @@ def test_retain_seed_example(jit_mode):
     np.testing.assert_array_equal(np.asarray(kept.indices), [0, 1])
 
 
-@given(
-    stored=st.sets(st.integers(0, 11), max_size=12),
-    wanted=st.lists(st.integers(0, 11), max_size=10),
+def _dense(rsp):
+    """A RowSparse densified in numpy (padding slots, id N, dropped)."""
+    idx, data = np.asarray(rsp.indices), np.asarray(rsp.data)
+    dense = np.zeros(rsp.shape, data.dtype)
+    dense[idx[idx < rsp.shape[0]]] = data[idx < rsp.shape[0]]
+    return dense
+
+
+def _check_retained(kept, rsp, wanted):
+    """The oracle: the sorted unique wanted rows (capacity wanted.size), each
+    holding its row of ``rsp`` or zeros where ``rsp`` lacks it; padding N."""
+    dense = _dense(rsp)
+    n = dense.shape[0]
+    uniq = np.unique(np.asarray(wanted, np.int64).reshape(-1))
+    idx, data = np.asarray(kept.indices), np.asarray(kept.data)
+    assert kept.shape == rsp.shape and kept.dtype == rsp.dtype
+    assert kept.capacity == np.asarray(wanted).size
+    np.testing.assert_array_equal(idx[: len(uniq)], uniq)
+    np.testing.assert_array_equal(idx[len(uniq) :], n)
+    np.testing.assert_array_equal(data[: len(uniq)], dense[uniq])
+    assert not np.any(data[len(uniq) :])
+    jsrt.assert_valid(kept)
+
+
+# (table shape, stored rows, wanted rows, padding slots of the input)
+RETAIN_CASES = {
+    "some_stored": ((7, 3), [1, 4, 6], [6, 2, 6, 1], 2),
+    "nd_rows_2d_wanted": ((6, 2, 3), [0, 2, 5], [[5, 1], [1, 0]], 0),
+    "scalar_rows": ((9,), [8, 3], [3, 0, 8], 1),
+    "d0": ((5, 0), [1, 3], [3, 4], 1),
+    "n0": ((0, 2), [], [], 0),
+    "n0_padded": ((0, 2), [], [], 2),
+    "capacity0": ((7, 3), [], [2, 6], 0),
+    "nothing_wanted": ((7, 3), [1, 4], [], 1),
+}
+
+
+def modes_and_dtypes(cases, dtypes):
+    """Parameters ``(jit_mode, dtype, *case)`` (``jit_mode`` indirect): under
+    jit every case at every dtype; eagerly, where each op compiles on its own
+    and a case costs ten times more, every case at one dtype, in turn."""
+    params = []
+    for i, (name, case) in enumerate(cases.items()):
+        for dtype in dtypes:
+            params.append(pytest.param("jit", dtype, *case, id=f"jit-{name}-{jnp.dtype(dtype)}"))
+        dtype = dtypes[i % len(dtypes)]
+        params.append(pytest.param("eager", dtype, *case, id=f"eager-{name}-{jnp.dtype(dtype)}"))
+    return params
+
+
+@pytest.mark.parametrize(
+    "jit_mode,dtype,shape,stored,wanted,pad",
+    modes_and_dtypes(RETAIN_CASES, DTYPES),
+    indirect=["jit_mode"],
 )
-def test_retain_property(stored, wanted):
+def test_retain_matches_oracle(jit_mode, rng, dtype, pad, shape, stored, wanted):
+    table = _table(rng, shape, dtype)
+    rsp = jsr.pull_rows(table, jnp.array(stored, jnp.int32), size=len(stored) + pad)
+    assert rsp.capacity == len(stored) + pad
+    kept = jit_mode(jsr.retain)(rsp, jnp.array(wanted, jnp.int32))
+    _check_retained(kept, rsp, wanted)
+
+
+# (shape, number of wanted ids): the input's capacity is N (stored rows, then
+# padding), so each bucket compiles once.
+RETAIN_BUCKETS = [((12, 2), 10), ((12, 0), 4), ((5, 2, 2), 6), ((0, 2), 0), ((9,), 12)]
+
+
+@given(
+    case=st.sampled_from(RETAIN_BUCKETS).flatmap(
+        lambda b: st.tuples(
+            st.just(b[0]),
+            st.sets(st.integers(0, max(b[0][0] - 1, 0)), max_size=b[0][0]),
+            st.lists(st.integers(0, max(b[0][0] - 1, 0)), min_size=b[1], max_size=b[1]),
+        )
+    ),
+)
+def test_retain_property(jit_mode, case):
+    shape, stored, wanted = case
+    n = shape[0]
     stored = sorted(stored)
-    data = np.arange(len(stored) * 2, dtype=np.float32).reshape(-1, 2) + 1
-    rsp = jsr.row_sparse_array((data, np.array(stored, np.int32)), shape=(12, 2))
-    kept = jax.jit(jsr.retain)(rsp, jnp.asarray(np.array(wanted, np.int32)))
-    expected = np.zeros((12, 2), np.float32)
-    keep = [r for r in set(wanted) if r in stored]
-    expected[keep] = np.asarray(rsp.todense())[keep]
-    np.testing.assert_array_equal(kept.asnumpy(), expected)
-    jsr.check(kept)
+    data = np.zeros(shape, np.float32)
+    data[: len(stored)] = np.arange(1, 1 + len(stored) * np.prod(shape[1:])).reshape(
+        (len(stored),) + shape[1:]
+    )
+    indices = np.array(stored + [n] * (n - len(stored)), np.int32)
+    rsp = jsr.RowSparse(data, indices, shape=shape)
+    kept = jit_mode(jsr.retain)(rsp, jnp.asarray(np.array(wanted, np.int32)))
+    _check_retained(kept, rsp, wanted)
 
 
 def test_retain_bad_input():
