@@ -41,7 +41,8 @@ def embedding_bag(
     * ``"mean"``: ``sum_i w_i * table[i] / sum_i w_i`` (PyTorch's mean, TF's
       ``"mean"`` combiner with weights);
     * ``"sqrtn"``: ``sum_i w_i * table[i] / sqrt(sum_i w_i**2)`` (TF's combiner);
-    * ``"max"``: elementwise max over the kept rows (no ``weights``).
+    * ``"max"``: elementwise max over the kept rows (no ``weights``); on a
+      tie the gradient goes to the first of the tied ids, as in PyTorch.
 
     A bag with nothing kept (or zero total weight) pools to zeros, as in PyTorch.
 
@@ -111,7 +112,16 @@ def embedding_bag(
             raise ValueError('`weights` are not defined for mode="max"; pass weights=None.')
         lowest = jnp.array(-jnp.inf, dtype)  # tables are floating (checked above)
         masked = jnp.where(keep.reshape(keep.shape + row_axes), rows, lowest)
-        pooled = jnp.max(masked, axis=ids.ndim - 1, initial=lowest)
+        # The row holding each maximum, then a gather: on ties the whole
+        # gradient goes to the first such id, as in PyTorch (`jnp.max` would
+        # split it evenly). Values equal `jnp.max`'s, NaN included.
+        bag = ids.ndim - 1
+        first = jnp.argmax(masked, axis=bag, keepdims=True) if ids.shape[-1] else None
+        pooled = (
+            jnp.take_along_axis(masked, first, axis=bag).squeeze(bag)
+            if first is not None
+            else jnp.full(rows.shape[:bag] + rows.shape[bag + 1 :], lowest)
+        )
         any_kept = jnp.any(keep, axis=-1)
         return jnp.where(any_kept.reshape(any_kept.shape + row_axes), pooled, jnp.zeros((), dtype))
     if weights is None:

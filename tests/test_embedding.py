@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jaxpr_walk import all_eqns, big_values, primitive_names
+from kernel_switch import kernels_set
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
@@ -82,6 +84,40 @@ def test_weights_and_padding_id(jit_mode, mode):
     np.testing.assert_array_equal(np.asarray(got[3]), 0.0)
 
 
+def _numpy_max_grad(table, ids, cot):
+    """PyTorch's rule: each output element's gradient goes to the first id of
+    its bag that holds the maximum (strictly greater than those before)."""
+    g = np.zeros_like(table)
+    for b, bag in enumerate(ids):
+        for d in range(table.shape[1]):
+            kept = [i for i in bag if 0 <= i < table.shape[0]]
+            if kept:
+                best = kept[0]
+                for i in kept[1:]:
+                    if table[i, d] > table[best, d]:
+                        best = i
+                g[best, d] += cot[b, d]
+    return g
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_max_gradient_on_ties_goes_to_the_first_id(jit_mode, view):
+    """On a tie the whole gradient goes to one id, as in PyTorch's
+    embedding_bag; `jnp.max`'s rule split it evenly between the tied rows."""
+    table = np.array([[1.0, 5.0], [1.0, 2.0], [0.0, 5.0], [3.0, 3.0]], np.float32)
+    ids = np.array([[0, 1, 2, 4], [3, 3, 1, 0], [2, 0, 4, 4]])  # 4 == V: padding
+    cot = np.array([[1.0, 10.0], [100.0, 1000.0], [7.0, 70.0]], np.float32)
+
+    def loss(t):
+        return jnp.sum(jsr.embedding_bag(t, ids, mode="max") * cot)
+
+    if view:
+        g = jit_mode(jsr.grad(loss))(jsr.pull_rows(jnp.asarray(table), ids)).todense()
+    else:
+        g = jit_mode(jax.grad(loss))(jnp.asarray(table))
+    np.testing.assert_array_equal(np.asarray(g), _numpy_max_grad(table, ids, cot))
+
+
 def test_max_ignores_skipped_ids_even_when_their_rows_are_larger():
     table = jnp.array([[9.0, 9.0], [-1.0, -3.0], [-2.0, 5.0]])
     ids = jnp.array([[1, 2, 0], [0, 3, 3]])  # 0 is padding_id, 3 == V
@@ -112,7 +148,12 @@ def test_gradient_wrt_a_view_is_row_sparse_and_equals_the_dense_gradient(mode):
     np.testing.assert_array_equal(np.asarray(dense_grad[5]), 0.0)
 
 
-def test_no_dense_table_sized_intermediate_in_the_view_gradient():
+@pytest.mark.parametrize("native", [True, False])
+def test_no_dense_table_sized_intermediate_in_the_view_gradient(native):
+    """Nothing anywhere in the program (nested calls and both forms of the
+    library's kernels, native and XLA, included) is table-sized."""
+    if native and not jsr.native_kernels_available():
+        pytest.skip("native kernels not built here")
     v = 10**8
     view = jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((16,), jnp.int32)
 
@@ -121,28 +162,58 @@ def test_no_dense_table_sized_intermediate_in_the_view_gradient():
         ids = jnp.arange(16).reshape(4, 4)
         return jsr.grad(lambda r: jnp.sum(jsr.embedding_bag(r, ids, mode="mean")))(rsp).data
 
-    jaxpr = jax.make_jaxpr(grad_of)(*view)
-    sizes = [a.aval.size for e in jaxpr.eqns for a in e.outvars if hasattr(a.aval, "size")]
+    with kernels_set(native):
+        jaxpr = jax.make_jaxpr(grad_of)(*view)
+    assert big_values(jaxpr, v) == []
+    sizes = [
+        int(np.prod(a.aval.shape))
+        for e in all_eqns(jaxpr)
+        for a in e.outvars
+        if hasattr(a.aval, "shape")
+    ]
     assert max(sizes) < 10**4
+    # The slots of the ids are found by a kernel (where on), whose forms were walked.
+    assert ("jsr_kernel_call" in primitive_names(jaxpr)) == native
+
+
+# Shape buckets for the property: (V, row shape, ids shape). Few, so that the
+# jitted programs (and the eager ops) compile once each and are reused.
+BUCKETS = [
+    (1, (2,), (3, 4)),
+    (8, (0,), (2, 5)),  # D = 0
+    (8, (3,), (4, 1)),
+    (6, (2, 2), (5,)),  # n-d rows, one bag
+    (0, (2,), (2, 3)),  # V = 0: every id is the padding id
+    (5, (1,), (2, 0)),  # empty bags
+    (7, (2,), (0, 3)),  # no bags
+]
+
+
+def _pooled(table, ids, weights, *, view, mode):
+    t = jsr.pull_rows(table, ids) if view else table
+    return jsr.embedding_bag(t, ids, mode=mode, weights=weights)
 
 
 @given(
-    v=st.integers(1, 8),
-    bags=st.integers(0, 4),
-    length=st.integers(0, 5),
+    bucket=st.sampled_from(BUCKETS),
     mode=st.sampled_from(MODES),
     weighted=st.booleans(),
+    view=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_property(v, bags, length, mode, weighted, seed):
+def test_property(jit_mode, bucket, mode, weighted, view, seed):
+    v, row, ids_shape = bucket
     rng = np.random.default_rng(seed)
-    table = _table(rng, (v, 2))
-    ids = jnp.asarray(rng.integers(0, v + 1, size=(bags, length)), jnp.int32)
+    table = _table(rng, (v,) + row)
+    ids = jnp.asarray(rng.integers(0, v + 1, size=ids_shape), jnp.int32)  # v: padding
     weights = None
     if weighted and mode != "max":
-        weights = jnp.asarray(rng.integers(0, 3, size=(bags, length)), jnp.float32)
-    got = jsr.embedding_bag(table, ids, mode=mode, weights=weights)
-    jsrt.assert_allclose(got, oracle(table, ids, mode, weights), rtol=1e-5, atol=1e-5)
+        weights = jnp.asarray(rng.integers(0, 3, size=ids_shape), jnp.float32)
+    fn = jit_mode(_pooled, static_argnames=("view", "mode"))
+    got = fn(table, ids, weights, view=view, mode=mode)
+    want = oracle(table, ids, mode, weights)
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    jsrt.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
