@@ -9,31 +9,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR
-from ._rowsparse import RowSparse, mask_padding
+from ._elementwise import _with_data, _with_data_masked
+from ._rowsparse import RowSparse
 
 
 def _is_rsp(x: Any) -> bool:
     """A sparse leaf: differentiated with respect to its ``data``."""
     return isinstance(x, RowSparse | CSR)
-
-
-def _with_data(leaf: Any, data: Any) -> Any:
-    if isinstance(leaf, CSR):
-        return CSR._make(data, leaf.indices, leaf.indptr, leaf.shape)
-    return RowSparse._make(data, leaf.indices, leaf.shape)
-
-
-def _sparse_grad(leaf: Any, g: jax.Array) -> Any:
-    """The gradient with respect to ``leaf.data`` as an array like ``leaf``,
-    its padding slots zero."""
-    if isinstance(leaf, CSR):
-        real = jnp.arange(leaf.nse) < leaf.indptr[-1]
-        return _with_data(leaf, jnp.where(real, g, jnp.zeros((), g.dtype)))
-    return _with_data(leaf, mask_padding(g, leaf.indices, leaf.shape[0]))
 
 
 def _is_int(a: Any) -> bool:
@@ -120,7 +105,8 @@ def value_and_grad(
             inner, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
         )(primals)
         out = [
-            _sparse_grad(leaf, g) if _is_rsp(leaf) else g
+            # padding slots get zero gradient, even if `fun` read `x.data` directly
+            _with_data_masked(leaf, g) if _is_rsp(leaf) else g
             for g, leaf in zip(grads, leaves, strict=True)
         ]
         grad_tree = jax.tree.unflatten(treedef, out)
