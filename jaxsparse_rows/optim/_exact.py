@@ -262,15 +262,19 @@ def flush(params: Any, state: Any) -> tuple[Any, Any]:
     return params, _replace_nodes(state, new_nodes)
 
 
+def _is_exact(x: Any) -> bool:
+    return isinstance(x, ExactLazySgdState)
+
+
 def _exact_nodes(state: Any) -> list[ExactLazySgdState]:
-    is_exact = lambda x: isinstance(x, ExactLazySgdState)  # noqa: E731
-    return [x for x in jax.tree.leaves(state, is_leaf=is_exact) if is_exact(x)]
+    """Every exact-SGD state inside ``state`` (a chain's tuple, multi_transform's...)."""
+    return [x for x in jax.tree.leaves(state, is_leaf=_is_exact) if _is_exact(x)]
 
 
 def _replace_nodes(state: Any, new_nodes: dict) -> Any:
-    is_exact = lambda x: isinstance(x, ExactLazySgdState)  # noqa: E731
+    """``state`` with the exact-SGD states listed by ``id`` in ``new_nodes`` replaced."""
     return jax.tree.map(
-        lambda x: new_nodes.get(id(x), x) if is_exact(x) else x, state, is_leaf=is_exact
+        lambda x: new_nodes.get(id(x), x) if _is_exact(x) else x, state, is_leaf=_is_exact
     )
 
 
