@@ -116,12 +116,11 @@ def embedding_bag(
         # gradient goes to the first such id, as in PyTorch (`jnp.max` would
         # split it evenly). Values equal `jnp.max`'s, NaN included.
         bag = ids.ndim - 1
-        first = jnp.argmax(masked, axis=bag, keepdims=True) if ids.shape[-1] else None
-        pooled = (
-            jnp.take_along_axis(masked, first, axis=bag).squeeze(bag)
-            if first is not None
-            else jnp.full(rows.shape[:bag] + rows.shape[bag + 1 :], lowest)
-        )
+        if ids.shape[-1]:
+            first = jnp.argmax(masked, axis=bag, keepdims=True)
+            pooled = jnp.take_along_axis(masked, first, axis=bag).squeeze(bag)
+        else:  # bags of length 0 (argmax needs an element); zeroed below
+            pooled = jnp.full(rows.shape[:bag] + rows.shape[bag + 1 :], lowest)
         any_kept = jnp.any(keep, axis=-1)
         return jnp.where(any_kept.reshape(any_kept.shape + row_axes), pooled, jnp.zeros((), dtype))
     if weights is None:
