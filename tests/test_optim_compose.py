@@ -418,6 +418,33 @@ def test_inject_hyperparams_under_jit_matches_the_plain_optimizer(factory, kwarg
     np.testing.assert_allclose(np.asarray(wi), np.asarray(wp), rtol=1e-5, atol=1e-6)
 
 
+def test_injected_momentum_starting_at_zero_can_be_raised_later(jit_mode):
+    """As optax.sgd's trace under inject_hyperparams: an injected momentum of 0
+    keeps its buffer, so raising it later takes effect (it had no buffer, and
+    the raised momentum was silently ignored)."""
+    w = jnp.zeros((4, 1))
+    opt = optax.inject_hyperparams(jsr.optim.lazy_sgd)(learning_rate=1.0, momentum=0.0)
+    state = opt.init(w)
+    g = jsr.RowSparse([[1.0]], [2], shape=(4, 1))
+    u, state = jit_mode(opt.update)(g, state, w)  # m = g = 1
+    state.hyperparams["momentum"] = jnp.asarray(0.5)
+    u, state = jit_mode(opt.update)(g, state, w)  # m = 0.5 * 1 + 1
+    np.testing.assert_array_equal(np.asarray(jsr.todense(u))[:, 0], [0.0, 0.0, -1.5, 0.0])
+    ref = optax.inject_hyperparams(optax.sgd)(learning_rate=1.0, momentum=0.0)
+    ref_state = ref.init(w)
+    _, ref_state = ref.update(jsr.todense(g), ref_state, w)
+    ref_state.hyperparams["momentum"] = jnp.asarray(0.5)
+    ref_u, _ = ref.update(jsr.todense(g), ref_state, w)
+    np.testing.assert_array_equal(np.asarray(jsr.todense(u)), np.asarray(ref_u))
+    # A host 0 (or None), or a static momentum, still means no buffer at all.
+    for off in (
+        jsr.optim.lazy_sgd(1.0, momentum=0),
+        jsr.optim.lazy_sgd(1.0, momentum=None),
+        optax.inject_hyperparams(jsr.optim.lazy_sgd, static_args=("momentum",))(1.0, 0.0),
+    ):
+        assert not [x for x in jax.tree.leaves(off.init(w)) if x.shape == w.shape]
+
+
 def test_exact_sgd_under_injected_traced_hyperparams_says_to_make_them_static():
     opt = optax.inject_hyperparams(jsr.optim.lazy_sgd, static_args=("lazy",))(
         learning_rate=0.1, momentum=0.5, lazy="exact"

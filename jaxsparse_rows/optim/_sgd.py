@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ._transforms import scale_by_learning_rate
@@ -27,7 +28,7 @@ class ScaleByLazySgdState(NamedTuple):
 
     Attributes:
       trace: the momentum buffers, dense arrays shaped like the parameters
-        (``None`` leaves when ``momentum == 0``).
+        (``None`` leaves when ``momentum`` is ``None`` or a host scalar 0).
     """
 
     trace: Any
@@ -36,6 +37,20 @@ class ScaleByLazySgdState(NamedTuple):
 def _check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> None:
     if not any(type(lazy) is type(a) and lazy == a for a in allowed):
         raise ValueError(f"`lazy` must be one of {allowed} for `{name}`, got {lazy!r}.")
+
+
+def _no_buffer(momentum: Any) -> bool:
+    """True when ``momentum`` is off for good: ``None`` or a host scalar 0.
+
+    ``optax.inject_hyperparams`` passes its hyperparameters as JAX arrays, and
+    may raise an injected 0 later, so an array keeps its momentum buffer (as
+    ``optax.sgd`` keeps its trace for any ``momentum`` that is not ``None``).
+    """
+    if momentum is None:
+        return True
+    if isinstance(momentum, (int, float, np.generic)):
+        return float(momentum) == 0.0
+    return False
 
 
 def scale_by_lazy_sgd(
@@ -56,7 +71,9 @@ def scale_by_lazy_sgd(
         u_r = m_r                          # or g + momentum * m_r with nesterov
 
     Args:
-      momentum: momentum decay (0 or None disables the momentum buffer).
+      momentum: momentum decay. ``None`` or a Python / NumPy scalar 0 disables
+        the momentum buffer; a JAX array keeps it even when 0 (so a momentum
+        injected by ``optax.inject_hyperparams`` can be raised later).
       nesterov: Nesterov momentum, as ``optax.trace(nesterov=True)``.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
       rescale_grad: factor applied to the gradient before clipping.
@@ -84,7 +101,7 @@ def scale_by_lazy_sgd(
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_sgd")
-        if known_zero(momentum):
+        if _no_buffer(momentum):
             return ScaleByLazySgdState(trace=jax.tree.map(lambda _: None, params))
         return ScaleByLazySgdState(trace=zeros_like_params(params))
 
@@ -141,7 +158,9 @@ def lazy_sgd(
 
     Args:
       learning_rate: a float or an optax schedule.
-      momentum: momentum decay (0 or None disables the momentum buffer).
+      momentum: momentum decay. ``None`` or a Python / NumPy scalar 0 disables
+        the momentum buffer; a JAX array keeps it even when 0 (see
+        :func:`scale_by_lazy_sgd`).
       nesterov: Nesterov momentum.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
       rescale_grad: factor applied to the gradient before clipping.
