@@ -174,6 +174,15 @@ def as_jax(x: Any) -> jax.Array:
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
+def _check_numeric(data: np.ndarray) -> None:
+    """Raise a TypeError naming ``data`` unless it holds numbers or bools."""
+    if not (jnp.issubdtype(data.dtype, jnp.number) or data.dtype == np.bool_):
+        raise TypeError(
+            f"`data` must hold numbers or bools, got an array of dtype {data.dtype} "
+            f"({np.ravel(data)[:3].tolist()!r}...)."
+        )
+
+
 def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
     """``jnp.asarray`` for the values of a sparse array; float64 numpy input (or
     lists of floats) become float32 when x64 is off, without a truncation warning.
@@ -184,12 +193,19 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
     if dtype is not None:
         dtype = jax.dtypes.canonicalize_dtype(dtype)
     if not isinstance(data, jax.Array):
-        data = np.asarray(data, dtype=dtype)
-        if not (jnp.issubdtype(data.dtype, jnp.number) or data.dtype == np.bool_):
-            raise TypeError(
-                f"`data` must hold numbers or bools, got an array of dtype {data.dtype} "
-                f"({np.ravel(data)[:3].tolist()!r}...)."
-            )
+        if dtype is not None and not isinstance(data, np.ndarray):
+            # Check the values before converting: numpy turns None into NaN and
+            # "1" into 1.0 for a float dtype.
+            try:
+                _check_numeric(np.asarray(data))
+            except ValueError as e:  # ragged nesting
+                raise ValueError(f"`data` could not be converted to an array: {e}") from e
+        try:
+            data = np.asarray(data, dtype=dtype)
+        except (ValueError, OverflowError) as e:
+            target = "an array" if dtype is None else f"an array of {dtype}"
+            raise ValueError(f"`data` could not be converted to {target}: {e}") from e
+        _check_numeric(data)
         if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
             data = data.astype(np.float32)
         if host:

@@ -365,12 +365,29 @@ def test_csr_matrix_from_scipy_checks_shape():
     np.testing.assert_array_equal(jsr.csr_matrix(m, shape=(3, 4)).asnumpy(), want)
 
 
-@pytest.mark.parametrize("data", [["a"], [None], np.array(["x"])])
+@pytest.mark.parametrize("data", [["a"], [None], ["1"], np.array(["x"])])
 def test_non_numeric_data_is_named(data):
     with pytest.raises(TypeError, match=r"`data` must hold numbers or bools, got .*dtype"):
         jsr.CSR(data, [0], [0, 1], (1, 2))
     with pytest.raises(TypeError, match=r"`data` must hold numbers or bools"):
         jsr.RowSparse(data, [0], (2,))
+    # The list constructors convert to float32 by default: numpy would turn
+    # None into NaN and "1" into 1.0 on the way.
+    with pytest.raises(TypeError, match=r"`data` must hold numbers or bools, got .*dtype"):
+        jsr.row_sparse_array((data, [0]), (2,))
+    with pytest.raises(TypeError, match=r"`data` must hold numbers or bools, got .*dtype"):
+        jsr.csr_matrix((data, [0], [0, 1]), shape=(1, 2))
+
+
+def test_data_that_does_not_convert_is_named():
+    with pytest.raises(ValueError, match=r"`data` could not be converted to an array: .*"):
+        jsr.row_sparse_array(([[1.0], [2.0, 3.0]], [0, 1]), (2, 1))
+    with pytest.raises(ValueError, match=r"`data` could not be converted to an array: .*"):
+        jsr.RowSparse([[1.0], [2.0, 3.0]], [0, 1], (2, 1))
+    with pytest.raises(ValueError, match=r"`data` could not be converted to an array of int8"):
+        jsr.row_sparse_array(([300], [0]), (2,), dtype="int8")
+    got = jsr.row_sparse_array(([[1, 2.5]], [1]), (2, 2), dtype="float32")
+    np.testing.assert_array_equal(got.asnumpy(), [[0.0, 0.0], [1.0, 2.5]])
 
 
 @pytest.mark.parametrize("other", [None, "abc", object()])
