@@ -2,8 +2,9 @@
 'csr' | 'row_sparse', density)``), deterministic from a ``jax.random`` key.
 
 The key's bits seed a host-side numpy generator (no compilation, so they are
-cheap to call with many shapes); call them outside ``jax.jit``. The number of
-stored entries is static: ``round(density * size)``.
+cheap to call with many shapes); call them outside ``jax.jit`` (inside, only
+with a key closed over from outside, which makes the result a constant). The
+number of stored entries is static: ``round(density * size)``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _host_rng(key: Any) -> np.random.Generator:
             f"{type(key).__name__}. These functions run outside jit."
         )
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
+        with jax.ensure_compile_time_eval():  # a concrete key closed over inside jit
+            key = jax.random.key_data(key)
     return np.random.default_rng(np.asarray(key).astype(np.uint32).ravel().tolist())
 
 

@@ -88,6 +88,10 @@ def test_under_jit():
     for fn in (jsr.random.csr, jsr.random.row_sparse):
         with pytest.raises(TypeError, match="concrete jax.random key.*run outside jit"):
             jax.jit(lambda k, fn=fn: fn(k, (4, 5), 0.5))(key)
+        # A concrete key closed over inside jit draws the same array, as a
+        # constant (it raised JAX's TracerArrayConversionError).
+        inside = jax.jit(lambda fn=fn: fn(key, (4, 5), 0.5).todense())()
+        np.testing.assert_array_equal(inside, fn(key, (4, 5), 0.5).todense())
     c, r = jsr.random.csr(key, (6, 5), 0.4), jsr.random.row_sparse(key, (6, 5), 0.5, capacity=4)
     c2, r2 = jax.jit(lambda c, r: (c, r))(c, r)
     for a, b, fields in ((c, c2, ("data", "indices", "indptr")), (r, r2, ("data", "indices"))):
