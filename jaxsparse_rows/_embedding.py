@@ -117,7 +117,12 @@ def embedding_bag(
         # split it evenly). Values equal `jnp.max`'s, NaN included.
         bag = ids.ndim - 1
         if ids.shape[-1]:
-            first = jnp.argmax(masked, axis=bag, keepdims=True)
+            # First kept slot holding the maximum (or a NaN): a skipped slot's
+            # -inf must not win a tie with kept rows that hold -inf.
+            kept = keep.reshape(keep.shape + row_axes)
+            top = jnp.max(masked, axis=bag, keepdims=True)
+            holds = kept & ((masked == top) | jnp.isnan(masked))
+            first = jnp.argmax(holds, axis=bag, keepdims=True)
             pooled = jnp.take_along_axis(masked, first, axis=bag).squeeze(bag)
         else:  # bags of length 0 (argmax needs an element); zeroed below
             pooled = jnp.full(rows.shape[:bag] + rows.shape[bag + 1 :], lowest)

@@ -84,13 +84,13 @@ def test_weights_and_padding_id(jit_mode, mode):
     np.testing.assert_array_equal(np.asarray(got[3]), 0.0)
 
 
-def _numpy_max_grad(table, ids, cot):
+def _numpy_max_grad(table, ids, cot, padding_id=None):
     """PyTorch's rule: each output element's gradient goes to the first id of
     its bag that holds the maximum (strictly greater than those before)."""
     g = np.zeros_like(table)
     for b, bag in enumerate(ids):
         for d in range(table.shape[1]):
-            kept = [i for i in bag if 0 <= i < table.shape[0]]
+            kept = [i for i in bag if 0 <= i < table.shape[0] and i != padding_id]
             if kept:
                 best = kept[0]
                 for i in kept[1:]:
@@ -116,6 +116,27 @@ def test_max_gradient_on_ties_goes_to_the_first_id(jit_mode, view):
     else:
         g = jit_mode(jax.grad(loss))(jnp.asarray(table))
     np.testing.assert_array_equal(np.asarray(g), _numpy_max_grad(table, ids, cot))
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_max_gradient_reaches_kept_rows_holding_minus_inf_after_a_skipped_id(jit_mode, view):
+    """A skipped id is masked to -inf: when the kept rows hold -inf too, the
+    tie went to the skipped slot and the gradient was lost (torch gives 1)."""
+    inf = np.inf
+    table = np.array([[1.0, -inf], [-inf, -inf], [-inf, 2.0]], np.float32)
+    ids = np.array([[0, 1], [3, 1], [3, 0], [0, 2], [2, 1]])  # 0 is padding_id, 3 == V
+    cot = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0], [5.0, 50.0]], np.float32)
+
+    def loss(t):
+        return jnp.sum(jsr.embedding_bag(t, ids, mode="max", padding_id=0) * cot)
+
+    if view:
+        g = jit_mode(jsr.grad(loss))(jsr.pull_rows(jnp.asarray(table), ids)).todense()
+    else:
+        g = jit_mode(jax.grad(loss))(jnp.asarray(table))
+    want = _numpy_max_grad(table, ids, cot, padding_id=0)
+    np.testing.assert_array_equal(np.asarray(g), want)
+    assert want[1].sum() > 0  # the case the test is about: a -inf row gets a gradient
 
 
 def test_max_ignores_skipped_ids_even_when_their_rows_are_larger():
