@@ -122,3 +122,33 @@ def test_complex_params_follow_optax_adam(lazy):
         u, s = ours.update(grad, s, w)
         v, rs = ref.update(g, rs, w)
     np.testing.assert_allclose(np.asarray(jsr.todense(u)), np.asarray(v), rtol=1e-5, atol=1e-6)
+
+
+def _numpy_torch_sparse_adam(w0, grads, lr, b1, b2, eps_at):
+    """torch.optim.SparseAdam's rule: ``eps_at(t)`` is added to the uncorrected
+    ``sqrt(v)``, and the step size carries both bias corrections."""
+    w, m, v = w0.astype(np.float64), np.zeros(w0.shape), np.zeros(w0.shape)
+    for t, (_, dense, rows) in enumerate(grads, start=1):
+        g = dense[rows]
+        m[rows] = b1 * m[rows] + (1 - b1) * g
+        v[rows] = b2 * v[rows] + (1 - b2) * g * g
+        size = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
+        w[rows] -= size * m[rows] / (np.sqrt(v[rows]) + eps_at(t))
+    return w
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_equals_sparse_adam_with_eps_moved_before_the_bias_correction(eps):
+    """optimizers.md: the only difference from PyTorch's SparseAdam is where
+    eps goes: SparseAdam run with eps * sqrt(1 - b2**t) at step t equals ours
+    run with eps."""
+    lr, b1, b2 = 0.01, 0.9, 0.999
+    grads = grad_sequence(4, 12, 7, (2,), capacity=3)
+    w0 = np.random.default_rng(4).normal(size=(7, 2)).astype(np.float32)
+    opt = jsr.optim.lazy_adam(lr, b1=b1, b2=b2, eps=eps)
+    w, _ = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit=True)
+    want = _numpy_torch_sparse_adam(w0, grads, lr, b1, b2, lambda t: eps * np.sqrt(1 - b2**t))
+    np.testing.assert_allclose(np.asarray(w), want, rtol=1e-5, atol=1e-6)
+    if eps:  # with the same eps the two differ
+        plain = _numpy_torch_sparse_adam(w0, grads, lr, b1, b2, lambda t: eps)
+        assert np.max(np.abs(np.asarray(w) - plain)) > 1e-3

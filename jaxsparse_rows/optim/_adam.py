@@ -49,6 +49,9 @@ def scale_by_lazy_adam(
 
     Untouched rows keep ``mu`` and ``nu`` and get no update (no decay, no
     ``eps`` term). Bias correction uses the global count, as LazyAdam does.
+    ``eps`` is added where optax adds it, to the bias-corrected root; PyTorch's
+    ``SparseAdam`` and TF's ``LazyAdam`` add it before the correction (an
+    effective ``eps / sqrt(1 - b2**count)``), the only difference from them.
 
     Args:
       b1: first-moment decay.
