@@ -183,6 +183,19 @@ def _check_numeric(data: np.ndarray) -> None:
         )
 
 
+def _check_int_range(values: np.ndarray, target: np.dtype, *, x64_hint: bool = False) -> None:
+    """Raise a ValueError naming ``data`` if integer ``values`` would wrap in ``target``."""
+    if values.dtype.kind not in "iu" or target.kind not in "iu" or not values.size:
+        return
+    src, info = np.iinfo(values.dtype), np.iinfo(target)
+    if src.min >= info.min and src.max <= info.max:
+        return
+    bad = (values < info.min) | (values > info.max)
+    if np.any(bad):
+        hint = " (enable jax_enable_x64 for 64-bit values)" if x64_hint else ""
+        raise ValueError(f"`data` must fit in {target.name}{hint}, got {values[bad][0]}.")
+
+
 def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
     """``jnp.asarray`` for the values of a sparse array; float64 numpy input (or
     lists of floats) become float32 when x64 is off, without a truncation warning.
@@ -200,14 +213,20 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
                 _check_numeric(np.asarray(data))
             except ValueError as e:  # ragged nesting
                 raise ValueError(f"`data` could not be converted to an array: {e}") from e
+        if dtype is not None and isinstance(data, np.ndarray):
+            _check_int_range(data, np.dtype(dtype))  # numpy's cast would wrap
         try:
             data = np.asarray(data, dtype=dtype)
         except (ValueError, OverflowError) as e:
             target = "an array" if dtype is None else f"an array of {dtype}"
             raise ValueError(f"`data` could not be converted to {target}: {e}") from e
         _check_numeric(data)
+        if not data.dtype.isnative:  # big-endian input: JAX takes native order only
+            data = data.astype(data.dtype.newbyteorder("="))
         if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
             data = data.astype(np.float32)
+        # int64 becomes int32 when x64 is off: refuse values that would wrap.
+        _check_int_range(data, np.dtype(jax.dtypes.canonicalize_dtype(data.dtype)), x64_hint=True)
         if host:
             return data
     return jnp.asarray(data, dtype=dtype)

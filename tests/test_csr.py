@@ -390,6 +390,40 @@ def test_data_that_does_not_convert_is_named():
     np.testing.assert_array_equal(got.asnumpy(), [[0.0, 0.0], [1.0, 2.5]])
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda v: jsr.RowSparse([[v], [2]], [0, 2], (4, 1)),
+        lambda v: jsr.row_sparse_array(np.array([[v], [0]])),
+        lambda v: jsr.csr_matrix(np.array([[v, 0]])),
+        lambda v: jsr.CSR(np.array([v, 1]), [0, 1], [0, 2], (1, 2)),
+    ],
+    ids=["RowSparse", "row_sparse_array", "csr_matrix", "CSR"],
+)
+def test_integer_data_that_int32_would_wrap_is_refused(build):
+    """With x64 off int64 data becomes int32: 2**40 became 0, and the dense
+    constructors then dropped the whole row or entry as a zero."""
+    with pytest.raises(ValueError, match=r"`data` must fit in int32 \(enable jax_enable_x64"):
+        build(2**40)
+    with pytest.raises(ValueError, match=r"`data` must fit in uint32"):
+        jsr.RowSparse(np.array([[2**40]], np.uint64), [0], (2, 1))
+    with pytest.raises(ValueError, match=r"`data` must fit in int8, got 300"):
+        jsr.row_sparse_array((np.array([[300]]), [0]), (2, 1), dtype="int8")
+    assert build(2**31 - 1).dtype == jnp.int32  # the largest int32 still fits
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(np.asarray(build(2**40).data).max(), 2**40)
+
+
+def test_big_endian_data_is_taken_in_native_order():
+    data = np.array([[1.0], [2.0]], ">f4")
+    np.testing.assert_array_equal(
+        jsr.RowSparse(data, [0, 2], (4, 1)).asnumpy(), [[1.0], [0.0], [2.0], [0.0]]
+    )
+    np.testing.assert_array_equal(
+        jsr.CSR(data[:, 0], [1, 0], [0, 1, 2], (2, 2)).asnumpy(), [[0, 1], [2, 0]]
+    )
+
+
 @pytest.mark.parametrize("other", [None, "abc", object()])
 def test_dot_names_a_non_array_operand(other):
     c = jsr.csr_matrix(np.eye(2, dtype=np.float32))
