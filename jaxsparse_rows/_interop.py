@@ -96,9 +96,11 @@ def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
 
     A BCOO with one sparse dimension (``n_sparse=1``, e.g. from ``to_bcoo`` of
     a RowSparse) maps straight to a RowSparse: its indices are sorted and
-    duplicates summed, and BCOO padding (index ``N``) is dropped (kept as
-    RowSparse padding under jit, where the capacity stays ``nse``). Other
-    layouts go through the dense form and need concrete input.
+    duplicates summed, and BCOO padding (any index ``>= N``, which
+    ``BCOO.todense`` drops too) is dropped (kept as RowSparse padding under
+    jit, where the capacity stays ``nse``). Other layouts go through the dense
+    form and need concrete input. A negative index raises ``ValueError``
+    (outside jit; ``BCOO.todense`` would wrap it).
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -131,4 +133,8 @@ def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
             "from_bcoo under jit supports only a BCOO with one sparse dimension and "
             "`stype='row_sparse'`; convert other layouts outside jit."
         )
+    indices = np.asarray(m.indices)
+    if np.any(indices < 0):  # BCOO.todense would wrap them to the far end
+        where = tuple(int(i) for i in indices[np.nonzero(np.any(indices < 0, axis=-1))[0][0]])
+        raise ValueError(f"`m` has a negative index {where}; BCOO indices lie in [0, shape).")
     return cast_storage(m.todense(), stype)

@@ -187,3 +187,18 @@ def test_from_bcoo_bad_input():
         jsr.from_bcoo(eye, stype="default")
     with pytest.raises(ValueError, match="under jit supports only"):
         jax.jit(lambda b: jsr.from_bcoo(b, stype="csr"))(eye)
+
+
+@pytest.mark.parametrize("stype", ["row_sparse", "csr"])
+def test_from_bcoo_refuses_negative_indices_in_every_layout(stype):
+    """The one-sparse-dimension path refused -1; the dense path let
+    BCOO.todense wrap it to the last row."""
+    two = jsparse.BCOO((jnp.array([1.0, 2.0]), jnp.array([[-1, 0], [1, 1]])), shape=(3, 2))
+    with pytest.raises(ValueError, match=r"`m` has a negative index \(-1, 0\)"):
+        jsr.from_bcoo(two, stype=stype)
+    one = jsparse.BCOO((jnp.array([[1.0], [2.0]]), jnp.array([[-1], [1]])), shape=(3, 1))
+    with pytest.raises(ValueError, match=r"negative index \(-1,\)|Negative ids are not allowed"):
+        jsr.from_bcoo(one, stype=stype)
+    # Indices >= shape are BCOO padding, dropped as BCOO.todense drops them.
+    padded = jsparse.BCOO((jnp.array([1.0, 2.0]), jnp.array([[3, 0], [1, 1]])), shape=(3, 2))
+    np.testing.assert_array_equal(jsr.from_bcoo(padded, stype=stype).asnumpy(), padded.todense())
