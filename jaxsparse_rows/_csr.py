@@ -429,6 +429,13 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
         or nnz > len(indices)
     ):
         return CSR(data, indices, indptr, shape)
+    tail = np.asarray(indices)[nnz:]
+    if np.any(tail != shape[1]):  # scipy ignores them; here they would vanish silently
+        raise ValueError(
+            f"`data` and `indices` hold {len(indices)} entries but indptr[-1] = {nnz}: "
+            f"the entries past {nnz} belong to no row. Slice them off (data[:{nnz}], "
+            f"indices[:{nnz}]), or give them column id {shape[1]} to mark them as padding."
+        )
     cols = np.asarray(indices)[:nnz].astype(np.int64)
     vals = np.asarray(data)[:nnz] if is_concrete(data) else data[:nnz]
     if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):

@@ -172,6 +172,13 @@ BAD_MATRIX = [
     ((([1.0], [0], [0, 1]),), {"shape": (1, 2, 1)}, ValueError, "must be 2-D"),
     ((([1.0, 1.0], [0, 1], [0, 2, 1]),), {"shape": (2, 2)}, ValueError, "non-decreasing"),
     ((np.ones((2, 2, 2)),), {}, ValueError, r"needs a 2-D `x`, got shape \(2, 2, 2\)"),
+    # An entry past indptr[-1] that is not padding (column id K) was dropped.
+    (
+        (([1.0, 2.0, 3.0], [0, 1, 0], [0, 1, 2]),),
+        {"shape": (2, 2)},
+        ValueError,
+        r"hold 3 entries but indptr\[-1\] = 2.*data\[:2\].*column id 2",
+    ),
 ]
 
 
