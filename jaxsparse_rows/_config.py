@@ -35,8 +35,10 @@ def set_verbose(enabled: bool = True) -> None:
       True
       >>> jsr.set_verbose(False)
     """
+    from ._util import check_flag
+
     global _verbose
-    _verbose = bool(enabled)
+    _verbose = check_flag(enabled, "enabled")
     if _verbose and not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[jaxsparse_rows] %(message)s"))

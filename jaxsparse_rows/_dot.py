@@ -18,7 +18,7 @@ from ._kernel_call import on_cpu
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
-from ._util import gather_rows, index_dtype, segment_rows
+from ._util import check_flag, gather_rows, index_dtype, segment_rows
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:
@@ -81,6 +81,8 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
              [0., 0.],
              [0., 0.]], dtype=float32))
     """
+    transpose_a = check_flag(transpose_a, "transpose_a")
+    transpose_b = check_flag(transpose_b, "transpose_b")
     sl, sr = stype(lhs), stype(rhs)
     if sl == "default":
         lhs = _as_dense(lhs, "lhs")

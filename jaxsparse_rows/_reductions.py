@@ -12,7 +12,7 @@ from ._config import log_inference
 from ._csr import CSR
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
-from ._util import ROWSPARSE_INDEXING, segment_rows, zeros_rows
+from ._util import ROWSPARSE_INDEXING, check_flag, segment_rows, zeros_rows
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -40,6 +40,7 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
       >>> jsr.sum(a, axis=1)
       Array([3., 0., 7.], dtype=float32)
     """
+    keepdims = check_flag(keepdims, "keepdims")
     if not is_sparse(x):
         return jnp.sum(x, axis=axis, keepdims=keepdims)
     axis = _check_axis(x, axis)
@@ -75,6 +76,7 @@ def square_sum(x: Any, axis: int | None = 1, keepdims: bool = True) -> Any:
       (RowSparse(float32[3, 1], rows=2), Array([[ 5.],
              [25.]], dtype=float32))
     """
+    keepdims = check_flag(keepdims, "keepdims")
     if isinstance(x, RowSparse) and axis is not None and _check_axis(x, axis) >= 1 and keepdims:
         axis = _check_axis(x, axis)
         log_inference("square_sum", ("row_sparse",), "row_sparse")

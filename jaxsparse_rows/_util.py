@@ -23,6 +23,14 @@ def is_concrete(*xs: Any) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a Python bool; a TypeError naming ``name`` unless it is one
+    (a string such as ``"false"`` is truthy, so it would mean the opposite)."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+
+
 def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) -> Any:
     """``x`` as an integer JAX array of ``dtype`` (default: its own dtype,
     canonicalised), for ids and indices given by a caller.

@@ -370,8 +370,10 @@ def set_native_kernels(enabled: bool = True) -> None:
       False
       >>> jsr.set_native_kernels(previous)
     """
+    from .._util import check_flag
+
     global _enabled
-    enabled = bool(enabled)
+    enabled = check_flag(enabled, "enabled")
     if enabled != _enabled:
         _enabled = enabled
         jax.clear_caches()
