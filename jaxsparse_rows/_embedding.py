@@ -94,7 +94,8 @@ def embedding_bag(
     n = table.shape[0]
     keep = (ids >= 0) & (ids < n)
     if padding_id is not None:
-        if isinstance(padding_id, jax.core.Tracer) or not float(padding_id).is_integer():
+        number = isinstance(padding_id, int | float | np.integer | np.floating)
+        if isinstance(padding_id, bool) or not number or not float(padding_id).is_integer():
             raise TypeError(f"`padding_id` must be a Python int, got {padding_id!r}.")
         padding_id = int(padding_id)
         keep = keep & (ids != padding_id)
@@ -136,6 +137,11 @@ def embedding_bag(
             raise ValueError(
                 f"`weights` must have the shape of `ids` {tuple(ids.shape)}, got "
                 f"{tuple(weights.shape)}."
+            )
+        if jnp.iscomplexobj(weights) and not jnp.iscomplexobj(rows):
+            raise TypeError(
+                f"`weights` are complex ({weights.dtype}) but the table is real ({dtype}): "
+                "the imaginary parts would be dropped."
             )
         w = jnp.where(keep, weights, 0).astype(dtype)
     total = jnp.sum(rows * w.reshape(w.shape + row_axes), axis=ids.ndim - 1)

@@ -248,6 +248,13 @@ def test_property(jit_mode, bucket, mode, weighted, view, seed):
             r"`weights` must have the shape of `ids` \(2, 3\)",
         ),
         ({"padding_id": 1.5}, TypeError, "`padding_id` must be a Python int"),
+        ({"padding_id": "1"}, TypeError, "`padding_id` must be a Python int, got '1'"),
+        ({"padding_id": True}, TypeError, "`padding_id` must be a Python int, got True"),
+        (
+            {"weights": jnp.ones((2, 3), jnp.complex64)},
+            TypeError,
+            r"`weights` are complex \(complex64\) but the table is real \(float32\)",
+        ),
         ({"ids": jnp.array([[0.0, 1.0]])}, TypeError, "`ids` must have an integer dtype"),
         ({"ids": jnp.array(1)}, ValueError, "`ids` must have at least one axis"),
         ({"ids": jnp.array([[0, 7]])}, ValueError, r"`ids` must lie in \[0, 5\).*got 7"),
