@@ -14,6 +14,7 @@ from . import testing as testing
 from ._autodiff import grad as grad
 from ._autodiff import value_and_grad as value_and_grad
 from ._checks import check as check
+from ._checks import check_ids as check_ids
 from ._config import StorageFallbackWarning as StorageFallbackWarning
 from ._config import is_verbose as is_verbose
 from ._config import set_verbose as set_verbose
@@ -90,6 +91,7 @@ __all__ = [
     "cast_storage",
     "ceil",
     "check",
+    "check_ids",
     "csr_matrix",
     "deg2rad",
     "divide",

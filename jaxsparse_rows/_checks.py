@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from ._csr import CSR
@@ -101,3 +102,51 @@ def check(x: Any) -> None:
                 raise ValueError(message)
         else:
             checkify.check(cond, message)
+
+
+def check_ids(ids: Any, num_rows: int) -> None:
+    """Validates row ids for ``take``, ``pull_rows``, ``retain`` or ``embedding_bag``.
+
+    Every id must lie in ``[0, num_rows]`` (``num_rows`` itself is the padding
+    id). Eagerly those functions check this themselves and a violation raises
+    ``ValueError``; under ``jax.jit`` they cannot see the values and treat an
+    out-of-range id as padding (it reads zeros and gets no gradient). Call this
+    inside the jitted function and wrap it with
+    ``jax.experimental.checkify.checkify`` to get the error back.
+
+    Args:
+      ids: integer array of row ids, any shape.
+      num_rows: the table's row count ``V``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> from jax.experimental import checkify
+      >>> table = jnp.ones((4, 2))
+      >>> def lookup(ids):
+      ...     jsr.check_ids(ids, table.shape[0])
+      ...     return jsr.take(table, ids)
+      >>> err, _ = checkify.checkify(jax.jit(lookup))(jnp.array([1, 7]))
+      >>> print(err.get())  # doctest: +ELLIPSIS
+      `ids` must lie in [0, 4) (or equal 4, the padding id)...
+      >>> err, _ = checkify.checkify(jax.jit(lookup))(jnp.array([1, 4]))
+      >>> err.get() is None
+      True
+    """
+    from ._util import as_int_array
+
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int | np.integer):
+        raise TypeError(f"`num_rows` must be an int, got {num_rows!r}.")
+    num_rows = int(num_rows)
+    if num_rows < 0:
+        raise ValueError(f"`num_rows` must be >= 0, got {num_rows}.")
+    ids = as_int_array(ids, "ids")
+    message = f"`ids` must lie in [0, {num_rows}) (or equal {num_rows}, the padding id)."
+    if ids.size == 0:
+        return
+    if is_concrete(ids):
+        arr = np.asarray(ids)
+        bad = (arr < 0) | (arr > num_rows)
+        if np.any(bad):
+            raise ValueError(f"{message[:-1]}, got {int(arr[bad][0])}.")
+        return
+    checkify.check(jnp.all((ids >= 0) & (ids <= num_rows)), message)

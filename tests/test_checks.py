@@ -93,3 +93,41 @@ def test_check_inside_a_jitted_function():
 def test_check_bad_type():
     with pytest.raises(TypeError, match="`x` must be a RowSparse or CSR, got ArrayImpl"):
         jsr.check(jnp.ones(2))
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 2**20])
+def test_check_ids_rejects_eagerly_and_through_checkify(bad):
+    ids = jnp.array([[0, 4], [bad, 1]])
+    with pytest.raises(ValueError, match=rf"`ids` must lie in \[0, 4\).*got {bad}"):
+        jsr.check_ids(ids, 4)
+    table = jnp.ones((4, 2))
+
+    def lookup(i):
+        jsr.check_ids(i, table.shape[0])
+        return jsr.take(table, i)
+
+    err, out = checkify.checkify(jax.jit(lookup))(ids)
+    with pytest.raises(checkify.JaxRuntimeError, match=r"`ids` must lie in \[0, 4\)"):
+        err.throw()
+    # Without the check the same jitted lookup reads the bad id as padding.
+    np.testing.assert_array_equal(np.asarray(out)[1, 0], [0.0, 0.0])
+
+
+def test_check_ids_accepts_valid_ids_and_the_padding_id(jit_mode):
+    def lookup(i):
+        jsr.check_ids(i, 4)
+        return jsr.take(jnp.ones((4, 2)), i)
+
+    for ids in (jnp.array([0, 3, 4]), jnp.zeros((0,), jnp.int32), jnp.array([[2]])):
+        err, out = checkify.checkify(jit_mode(lookup))(ids)
+        err.throw()
+        assert out.shape == ids.shape + (2,)
+
+
+def test_check_ids_bad_arguments():
+    with pytest.raises(TypeError, match="`ids` must have an integer dtype"):
+        jsr.check_ids(jnp.array([0.0]), 4)
+    with pytest.raises(TypeError, match="`num_rows` must be an int, got 4.0"):
+        jsr.check_ids(jnp.array([0]), 4.0)
+    with pytest.raises(ValueError, match="`num_rows` must be >= 0, got -1"):
+        jsr.check_ids(jnp.array([0]), -1)
