@@ -22,7 +22,7 @@ them: the corrections scatter at those indices as unique.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -48,6 +48,60 @@ GradFn = Callable[[Any, Any], Any]
 
 def _is_rsp(x: Any) -> bool:
     return isinstance(x, RowSparse)
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """Raises unless ``optimizer`` looks like an optax ``GradientTransformation``."""
+    if not (
+        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
+    ):
+        raise TypeError(
+            "`optimizer` must be an optax GradientTransformation (an object with `init` and "
+            f"`update`, e.g. `optax.sgd(0.1)`), got {type(optimizer).__name__} {optimizer!r}."
+        )
+
+
+def _check_reiterable(batches: Any) -> None:
+    """Raises unless ``batches`` can be iterated more than once.
+
+    An iterator (a generator, ``iter(list)``, ...) is its own ``iter()``: the
+    first pass would consume it. ``isinstance`` decides without calling
+    ``iter()``, which would advance a :class:`jsr.io.CSRIter
+    <jaxsparse_rows.io.CSRIter>`'s epoch (and so its shuffle order).
+    """
+    if isinstance(batches, Iterator):
+        raise TypeError(
+            "`batches` must be a re-iterable (a list, a tuple, a `jsr.io.CSRIter`, ...): "
+            "`fit` iterates it once for every full-gradient snapshot and again for every "
+            f"epoch, but got a one-shot iterator ({type(batches).__name__}), which the "
+            "first pass would use up. Pass `list(batches)` or the iterable it came from."
+        )
+    if not isinstance(batches, Iterable):
+        raise TypeError(
+            "`batches` must be a re-iterable of batches (a list, a tuple, a "
+            f"`jsr.io.CSRIter`, ...), got {type(batches).__name__}."
+        )
+
+
+def _check_full_grad(params: Any, full_grad: Any) -> None:
+    """Raises unless ``full_grad`` has the tree structure and leaf shapes of
+    ``params`` (static metadata only: no cost in a jitted step)."""
+    p_def, g_def = jax.tree.structure(params), jax.tree.structure(full_grad)
+    if p_def != g_def:
+        raise ValueError(
+            "`full_grad` (mu, the mean full-data gradient at the snapshot) must have the "
+            f"tree structure of `params`, with dense leaves: expected {p_def}, got {g_def}. "
+            "Pass the `full_grad` of a state from `take_snapshot` / `full_gradient`."
+        )
+    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
+    for (path, p), g in zip(flat_p, jax.tree.leaves(full_grad), strict=True):
+        if jnp.shape(g) != jnp.shape(p):
+            where = jax.tree_util.keystr(path)
+            raise ValueError(
+                f"`full_grad{where}` has shape {tuple(jnp.shape(g))}, but the parameter "
+                f"`params{where}` has shape {tuple(jnp.shape(p))}: `full_grad` (mu, the mean "
+                "full-data gradient at the snapshot) must have the shape of every parameter."
+            )
 
 
 class SVRGState(NamedTuple):
@@ -185,6 +239,10 @@ def corrected_gradient(
     Returns:
       The corrected gradient (dense leaves, or RowSparse with ``lazy=True``).
 
+    Raises:
+      ValueError: if ``full_grad`` does not have the tree structure and leaf
+        shapes of ``params`` (checked when tracing: a jitted step pays nothing).
+
     Example:
       >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
       >>> grad_fn = jax.grad(lambda w, b: jnp.mean((b * w) ** 2))
@@ -192,6 +250,7 @@ def corrected_gradient(
       >>> jsr.svrg.corrected_gradient(grad_fn, 2.0, 1.0, 0.5, batch)  # 20 - 10 + 0.5
       Array(10.5, dtype=float32)
     """
+    _check_full_grad(params, full_grad)
     gw = grad_fn(params, batch)
     gs = grad_fn(snapshot, batch)
     return jax.tree.map(
@@ -225,11 +284,15 @@ def init(params: Any, optimizer: optax.GradientTransformation) -> SVRGState:
     """An initial state: snapshot = ``params``, ``mu`` = 0 (call
     :func:`take_snapshot` before the first step; :func:`fit` does).
 
+    Raises:
+      TypeError: if ``optimizer`` is not an optax ``GradientTransformation``.
+
     Example:
       >>> import jax.numpy as jnp, optax, jaxsparse_rows as jsr
       >>> jsr.svrg.init({"w": jnp.ones(2)}, optax.sgd(0.1)).full_grad
       {'w': Array([0., 0.], dtype=float32)}
     """
+    _check_optimizer(optimizer)
     return SVRGState(_copy(params), jax.tree.map(jnp.zeros_like, params), optimizer.init(params))
 
 
@@ -261,6 +324,8 @@ def make_step(
     """
     from .optim import apply_updates
 
+    _check_optimizer(optimizer)
+
     def step(params, state, batch):
         g = corrected_gradient(grad_fn, params, state.snapshot, state.full_grad, batch, lazy)
         updates, opt_state = optimizer.update(g, state.opt_state, params)
@@ -285,9 +350,10 @@ def fit(
       grad_fn: ``grad_fn(params, batch)`` -> mean gradient over the batch.
       optimizer: any optax ``GradientTransformation``.
       params: initial parameters (donated to the jitted step: do not reuse).
-      batches: a re-iterable of batches (e.g. :class:`jsr.io.CSRIter
-        <jaxsparse_rows.io.CSRIter>`), iterated once per epoch and once per
-        snapshot.
+      batches: a re-iterable of batches (a list, a tuple, a :class:`jsr.io.CSRIter
+        <jaxsparse_rows.io.CSRIter>`, ...), iterated once per epoch and once per
+        snapshot. A one-shot iterator (a generator, ``iter(list)``) raises
+        ``TypeError``: the first snapshot would use it up.
       num_epochs: epochs to run.
       update_freq: epochs between snapshots (the seed's ``update_freq``).
       lazy: see :func:`corrected_gradient`.
@@ -310,6 +376,7 @@ def fit(
         raise ValueError(f"`update_freq` must be a positive int, got {update_freq!r}.")
     if not isinstance(num_epochs, int) or num_epochs < 0:
         raise ValueError(f"`num_epochs` must be an int >= 0, got {num_epochs!r}.")
+    _check_reiterable(batches)
     step = make_step(grad_fn, optimizer, lazy)
     jitted_grad = jax.jit(grad_fn)
     state = init(params, optimizer)

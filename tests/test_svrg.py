@@ -4,6 +4,8 @@ per step, and SVRG beating SGD on least squares."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,3 +196,77 @@ def test_fit_callback_may_keep_the_params_it_gets():
     values = [float(p) for p in kept]  # raised "Array has been deleted" before
     assert len(values) == 3 and values[-1] == float(w)
     assert values[0] != values[1]
+
+
+def _scalar_grad(w, b):
+    return jax.grad(lambda w: jnp.mean((w - b) ** 2))(w)
+
+
+def test_fit_refuses_a_one_shot_iterator_and_keeps_re_iterables():
+    """A generator was used up by the first snapshot: fit trained zero steps."""
+    data = [jnp.array([1.0]), jnp.array([3.0])]
+    with pytest.raises(TypeError, match=r"`batches` must be a re-iterable.*one-shot iterator"):
+        jsr.svrg.fit(_scalar_grad, optax.sgd(0.4), jnp.zeros(()), (b for b in data), 1)
+    with pytest.raises(TypeError, match="`batches` must be a re-iterable"):
+        jsr.svrg.fit(_scalar_grad, optax.sgd(0.4), jnp.zeros(()), iter(data), 1)
+    # a tuple still trains: mu = -4; steps 0 -> 1.6 -> 1.92 (a list is tested above)
+    w, _ = jsr.svrg.fit(_scalar_grad, optax.sgd(0.4), jnp.zeros(()), tuple(data), 1)
+    np.testing.assert_allclose(float(w), 1.92, rtol=1e-6)
+
+
+def test_optimizer_that_is_not_a_gradient_transformation_is_named():
+    with pytest.raises(TypeError, match=r"`optimizer` must be an optax GradientTransformation"):
+        jsr.svrg.init(jnp.zeros(2), 0.1)
+    with pytest.raises(TypeError, match=r"`optimizer`.*got float 0.1"):
+        jsr.svrg.make_step(_scalar_grad, 0.1)
+
+
+def _rows_grad(table, ids):
+    """Row-sparse gradient of the sum of the pulled rows."""
+    return jsr.grad(lambda view: jnp.sum(view.data))(jsr.pull_rows(table, ids))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_corrected_gradient_checks_full_grad_shapes(lazy):
+    """A wrong-shape mu was broadcast, returned a wrong-shape gradient, or was
+    read as zeros (lazy); the check names `full_grad`, the path and both shapes."""
+    table, ids = {"emb": jnp.ones((5, 2))}, jnp.array([1, 3])
+    for bad in ((1, 2), (7, 2)):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"`full_grad['emb']` has shape {bad}, but the parameter `params['emb']` "
+                "has shape (5, 2)"
+            ),
+        ):
+            jsr.svrg.corrected_gradient(
+                lambda p, b: {"emb": _rows_grad(p["emb"], b)},
+                table,
+                table,
+                {"emb": jnp.ones(bad)},
+                ids,
+                lazy=lazy,
+            )
+    with pytest.raises(ValueError, match=r"`full_grad` has shape \(1,\).*\(3,\)"):
+        jsr.svrg.corrected_gradient(_scalar_grad, jnp.zeros(3), jnp.zeros(3), jnp.ones(1), 1.0)
+    with pytest.raises(ValueError, match="`full_grad`.*tree structure of `params`"):
+        jsr.svrg.corrected_gradient(
+            _scalar_grad, {"w": jnp.zeros(3)}, {"w": jnp.zeros(3)}, {"v": jnp.zeros(3)}, 1.0
+        )
+
+
+def test_full_grad_check_is_static_under_jit():
+    """The check runs when tracing: a jitted step raises, and a correct one's
+    program is the plain formula's (no runtime check)."""
+    w, snap = jnp.zeros(3), jnp.ones(3)
+    step = jax.jit(lambda m: jsr.svrg.corrected_gradient(_scalar_grad, w, snap, m, 1.0))
+    with pytest.raises(ValueError, match="`full_grad` has shape"):
+        step(jnp.ones(1))
+    np.testing.assert_allclose(step(jnp.ones(3)), 1.0 - 2 / 3)  # -2/3 - 0 + 1
+
+    def plain(m):
+        gw = _scalar_grad(w, 1.0)
+        return (gw - _scalar_grad(snap, 1.0) + m).astype(gw.dtype)
+
+    checked = lambda m: jsr.svrg.corrected_gradient(_scalar_grad, w, snap, m, 1.0)
+    assert str(jax.make_jaxpr(checked)(jnp.ones(3))) == str(jax.make_jaxpr(plain)(jnp.ones(3)))
