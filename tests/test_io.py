@@ -433,3 +433,56 @@ def test_chunked_parse_matches_whole_file(tmp_path, rng):
     path.write_text(path.read_text() + "1 3:4 3:5\n")
     with pytest.raises(ValueError, match=r"line 43: feature id 3 appears twice"):
         parse_libsvm_file(path, 50)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"shuffle": "no"}, TypeError, r"`shuffle` must be True or False, got str 'no'"),
+        ({"shuffle": 1}, TypeError, r"`shuffle` must be True or False"),
+        ({"seed": None}, TypeError, r"`seed` must be an int >= 0.*got NoneType None"),
+        ({"seed": 1.5}, TypeError, r"`seed` must be an int >= 0.*got float 1.5"),
+        ({"seed": -1}, ValueError, r"`seed` must be an int >= 0, got -1"),
+        ({"nnz_buckets": 8}, TypeError, r"`nnz_buckets` must be None or a sequence.*got int 8"),
+        ({"nnz_buckets": "16"}, TypeError, r"`nnz_buckets` must be None or a sequence"),
+    ],
+)
+def test_csriter_checks_shuffle_seed_and_buckets_at_construction(kwargs, exc, match):
+    """`shuffle="no"` shuffled; a bad seed or bucket list failed (without the
+    argument's name) only when iteration began."""
+    x = jsr.csr_matrix(np.eye(4, dtype=np.float32))
+    with pytest.raises(exc, match=match):
+        CSRIter(x, np.zeros(4), 2, **kwargs)
+    ok = CSRIter(x, np.zeros(4), 2, shuffle=np.bool_(True), seed=np.int64(3), nnz_buckets=(16,))
+    assert len(list(ok)) == 2
+
+
+def test_stack_batches_refuses_mixed_dtypes_and_shapes():
+    """Batches were cast to the first batch's data dtype without a word."""
+    eye = np.eye(4, dtype=np.float32)
+    f32 = list(CSRIter(jsr.csr_matrix(eye), np.zeros(4, np.float32), 2))
+    f16 = list(CSRIter(jsr.csr_matrix(eye.astype(np.float16)), np.zeros(4, np.float32), 2))
+    int_y = list(CSRIter(jsr.csr_matrix(eye), np.zeros(4, np.int32), 2))
+    wide_y = list(CSRIter(jsr.csr_matrix(eye), np.zeros((4, 3), np.float32), 2))
+    match = r"`batches\[2\]\.x` has dtype float16, but `batches\[0\]\.x` has dtype float32"
+    with pytest.raises(TypeError, match=match):
+        stack_batches(f32 + f16)
+    with pytest.raises(TypeError, match=r"`batches\[2\]\.y` has dtype int32.*float32"):
+        stack_batches(f32 + int_y)
+    with pytest.raises(ValueError, match=r"`batches\[2\]\.y` has shape \(2, 3\).*\(2,\)"):
+        stack_batches(f32 + wide_y)
+    with pytest.raises(TypeError, match=r"`batches\[1\]` must be a jsr.io.Batch, got tuple"):
+        stack_batches([f32[0], (1, 2)])
+    assert stack_batches(f16).x.dtype == jnp.float16  # one dtype: stacked as it is
+
+
+def test_save_libsvm_refuses_non_numeric_labels_and_flag(tmp_path):
+    x = jsr.csr_matrix(np.eye(2, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"`labels` must hold real numbers.*dtype <U3 \(strings\)"):
+        jsr.io.save_libsvm(tmp_path / "s.svm", x, ["cat", "dog"])
+    with pytest.raises(TypeError, match=r"`labels` must hold real numbers.*object"):
+        jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, None])
+    with pytest.raises(TypeError, match=r"`zero_based` must be True or False, got str 'yes'"):
+        jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, 0], zero_based="yes")
+    jsr.io.save_libsvm(tmp_path / "s.svm", x, np.array([True, False]))
+    assert (tmp_path / "s.svm").read_text() == "1 1:1\n0 2:1\n"

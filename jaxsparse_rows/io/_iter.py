@@ -80,10 +80,36 @@ def nnz_bucket(nnz: int, buckets: Sequence[int] | None = None, minimum: int = 16
 def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
     if buckets is None:
         return None
+    if isinstance(buckets, str | bytes) or not isinstance(buckets, Sequence | np.ndarray):
+        raise TypeError(
+            "`nnz_buckets` must be None or a sequence of ints >= 1 (e.g. [64, 256]), got "
+            f"{type(buckets).__name__} {buckets!r}."
+        )
+    if np.ndim(buckets) != 1:
+        raise ValueError(f"`nnz_buckets` must be a flat sequence of ints >= 1, got {buckets!r}.")
     out = tuple(check_static_int(b, "nnz_buckets", minimum=1) for b in buckets)
     if not out:
         raise ValueError("`nnz_buckets` must be None or a non-empty sequence of ints >= 1.")
     return tuple(sorted(set(out)))
+
+
+def _check_flag(value: Any, name: str) -> bool:
+    """A real bool (a truthy string such as ``"no"`` must not count as True)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"`{name}` must be True or False, got {type(value).__name__} {value!r}.")
+    return bool(value)
+
+
+def _check_seed(seed: Any) -> int:
+    """An int >= 0: the shuffle draws from ``numpy.random.default_rng([seed, epoch])``."""
+    if isinstance(seed, bool | np.bool_) or not isinstance(seed, int | np.integer):
+        raise TypeError(
+            f"`seed` must be an int >= 0 (it seeds the shuffle order), got "
+            f"{type(seed).__name__} {seed!r}."
+        )
+    if seed < 0:
+        raise ValueError(f"`seed` must be an int >= 0, got {seed!r}.")
+    return int(seed)
 
 
 def _check_common(batch_size: Any, last_batch: str) -> int:
@@ -188,14 +214,19 @@ class CSRIter(_Batcher):
         :func:`jsr.csr_matrix <jaxsparse_rows.csr_matrix>` accepts).
       labels: ``[N, ...]`` labels.
       batch_size: rows per batch ``M``.
-      shuffle: visit rows in a new random order every epoch.
-      seed: seed of the shuffling (epoch ``e`` uses ``(seed, e)``).
+      shuffle: ``True`` to visit rows in a new random order every epoch.
+      seed: an int ``>= 0``, the seed of the shuffling (epoch ``e`` uses
+        ``(seed, e)``).
       last_batch: what to do with the last ``N % M`` rows of an epoch:
         ``"pad"`` (default) yields a batch padded with empty rows and zero
         labels (``num_rows`` tells how many are real); ``"discard"`` drops
         them; ``"roll_over"`` keeps them for the start of the next epoch.
-      nnz_buckets: allowed entry capacities; default: powers of two.
+      nnz_buckets: a sequence of allowed entry capacities (ints >= 1);
+        default: powers of two.
       min_nnz: smallest default bucket (default 16).
+
+    Raises:
+      TypeError, ValueError: naming the bad argument, at construction.
 
     Example:
       >>> import jaxsparse_rows as jsr, numpy as np
@@ -220,6 +251,7 @@ class CSRIter(_Batcher):
 
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
+        shuffle, seed = _check_flag(shuffle, "shuffle"), _check_seed(seed)
         csr = csr_matrix(csr)
         indptr = np.asarray(csr.indptr).astype(np.int64)
         nnz = int(indptr[-1])
@@ -232,7 +264,7 @@ class CSRIter(_Batcher):
             )
         self._rows = _Rows(np.asarray(csr.data)[:nnz], np.asarray(csr.indices)[:nnz], indptr, y)
         self.num_features = csr.shape[1]
-        self.shuffle, self.seed, self.epoch = bool(shuffle), seed, 0
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._buckets = _check_buckets(nnz_buckets)
         self._min_nnz = check_static_int(min_nnz, "min_nnz", minimum=1)
         self._carry = None
@@ -333,6 +365,34 @@ class LibSVMIter(_Batcher):
         return self._emit(self._blocks())
 
 
+def _check_stackable(batches: Sequence[Batch]) -> None:
+    """Every batch must be a :class:`Batch` of the first one's shapes and dtypes."""
+    for t, b in enumerate(batches):
+        if not isinstance(b, Batch):
+            raise TypeError(f"`batches[{t}]` must be a jsr.io.Batch, got {type(b).__name__}.")
+    first = batches[0]
+    for t, b in enumerate(batches[1:], start=1):
+        for what, got, want in (
+            ("x", b.x.shape, first.x.shape),
+            ("y", b.y.shape, first.y.shape),
+        ):
+            if got != want:
+                raise ValueError(
+                    f"`batches[{t}].{what}` has shape {got}, but `batches[0].{what}` has shape "
+                    f"{want}: every batch must have the same shape to be stacked."
+                )
+        for what, got, want in (
+            ("x", b.x.dtype, first.x.dtype),
+            ("x.indices", b.x.indices.dtype, first.x.indices.dtype),
+            ("y", b.y.dtype, first.y.dtype),
+        ):
+            if got != want:
+                raise TypeError(
+                    f"`batches[{t}].{what}` has dtype {got}, but `batches[0].{what}` has dtype "
+                    f"{want}: stacking would cast it. Cast the batches to one dtype first."
+                )
+
+
 def stack_batches(batches: Sequence[Batch]) -> Batch:
     """Stacks batches along a new leading axis, for ``jax.lax.scan``.
 
@@ -340,6 +400,11 @@ def stack_batches(batches: Sequence[Batch]) -> Batch:
     is a pytree of arrays with a leading ``[T]`` axis (its ``x`` is not a valid
     CSR by itself); ``lax.scan`` hands the step one ordinary :class:`Batch`
     per iteration.
+
+    Raises:
+      ValueError: if ``batches`` is empty, or the batches differ in shape.
+      TypeError: if an item is not a :class:`Batch`, or the batches differ in
+        the dtype of their data or labels (nothing is cast).
 
     Example:
       >>> import jax, jaxsparse_rows as jsr, numpy as np
@@ -354,9 +419,8 @@ def stack_batches(batches: Sequence[Batch]) -> Batch:
     """
     if not batches:
         raise ValueError("`batches` is empty: nothing to stack.")
+    _check_stackable(batches)
     shape = batches[0].x.shape
-    if any(b.x.shape != shape for b in batches):
-        raise ValueError(f"every batch must have the same shape {shape} to be stacked.")
     host = jax.device_get([(b.x.data, b.x.indices, b.x.indptr, b.y, b.num_rows) for b in batches])
     cap = max(d.shape[0] for d, *_ in host)
     data = np.zeros((len(host), cap), host[0][0].dtype)

@@ -356,6 +356,13 @@ def _fmt(dtype: np.dtype) -> str:
     return "%.17g" if np.dtype(dtype).itemsize >= 8 else "%.9g"
 
 
+def _is_real(dtype: np.dtype) -> bool:
+    """Bool, integer or real floating (bfloat16 too: its numpy kind is 'V')."""
+    return dtype == np.bool_ or any(
+        jnp.issubdtype(dtype, kind) for kind in (jnp.integer, jnp.floating)
+    )
+
+
 def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False) -> None:
     """Writes a CSR matrix and labels as a LibSVM text file.
 
@@ -365,11 +372,16 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
     Args:
       path: the file to write.
       csr: a :class:`~jaxsparse_rows.CSR` ``[rows, K]``.
-      labels: ``[rows]`` numbers.
-      zero_based: write ids counting from 0; default ``False`` (the LibSVM
+      labels: ``[rows]`` real numbers (bool, int or float).
+      zero_based: ``True`` to write ids counting from 0; default ``False`` (the LibSVM
         convention, ids from 1), which :func:`load_libsvm`'s ``"auto"`` reads
         back correctly. Pass ``num_features`` when loading if the last columns
         are empty.
+
+    Raises:
+      TypeError: if ``csr`` is not a CSR, the data or labels are not real
+        numbers, or ``zero_based`` is not a bool.
+      ValueError: if ``labels`` does not have shape ``[rows]``.
 
     Example:
       >>> import pathlib, tempfile, jaxsparse_rows as jsr
@@ -389,6 +401,16 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
                 f"`{name}` is complex ({np.dtype(dt).name}); LibSVM holds real numbers. "
                 "Save the real and imaginary parts as separate features or files."
             )
+    if not _is_real(labels.dtype):
+        what = {"U": "strings", "S": "bytes", "O": "Python objects"}.get(labels.dtype.kind)
+        raise TypeError(
+            f"`labels` must hold real numbers (bool, int or float), got dtype {labels.dtype}"
+            f"{f' ({what})' if what else ''}. Map class names to numbers before saving."
+        )
+    if not isinstance(zero_based, bool | np.bool_):
+        raise TypeError(
+            f"`zero_based` must be True or False, got {type(zero_based).__name__} {zero_based!r}."
+        )
     m = csr.shape[0]
     if labels.shape != (m,):
         raise ValueError(f"`labels` must have shape ({m},) to match `csr`, got {labels.shape}.")
