@@ -23,14 +23,75 @@ from ._util import check_static_int, index_dtype, is_concrete
 __all__ = ["csr", "row_sparse"]
 
 
-def _check_density(density: Any) -> float:
+def _real_scalar(value: Any, name: str, expected: str) -> float:
+    """``value`` as a float: a real (int or float) scalar, not a bool or a string."""
     try:
-        value = float(density)
-    except (TypeError, ValueError):
-        raise TypeError(f"`density` must be a number in [0, 1], got {density!r}.") from None
+        arr = np.asarray(value)
+    except Exception:  # e.g. a traced value
+        arr = None
+    if (
+        arr is None
+        or arr.ndim != 0
+        or arr.dtype == np.bool_
+        or not any(jnp.issubdtype(arr.dtype, k) for k in (jnp.integer, jnp.floating))
+    ):
+        raise TypeError(f"`{name}` must be {expected}, got {type(value).__name__} {value!r}.")
+    return float(arr)
+
+
+def _check_density(density: Any) -> float:
+    value = _real_scalar(density, "density", "a number in [0, 1]")
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"`density` must lie in [0, 1], got {density!r}.")
     return value
+
+
+def _rounded_bounds(dtype: np.dtype, minval: float, maxval: float) -> tuple[Any, Any]:
+    """The smallest and largest ``dtype`` values inside ``[minval, maxval)``."""
+    top, bottom = np.asarray(maxval, dtype), np.asarray(minval, dtype)
+    if float(top) >= maxval:
+        top = np.nextafter(top, np.asarray(-np.inf, dtype))
+    if float(bottom) < minval:
+        bottom = np.nextafter(bottom, np.asarray(np.inf, dtype))
+    return bottom, top
+
+
+def _check_range(minval: Any, maxval: Any, dtype: np.dtype) -> tuple[float, float]:
+    """``[minval, maxval)``: finite real bounds, ``minval < maxval``, both within
+    ``dtype``'s finite range, and at least one ``dtype`` value between them."""
+    bounds = {}
+    limit = float(jnp.finfo(dtype).max)
+    for name, value in (("minval", minval), ("maxval", maxval)):
+        v = _real_scalar(value, name, "a finite real number")
+        if not np.isfinite(v):
+            raise ValueError(f"`{name}` must be finite, got {value!r}.")
+        if abs(v) > limit:
+            raise ValueError(
+                f"`{name}` = {value!r} is not representable in {dtype.name} (its finite values "
+                f"lie in [{-limit:g}, {limit:g}]): the values would round to +-inf or be "
+                "clipped to the largest finite value. Pass a bound in that range or a wider "
+                "`dtype`."
+            )
+        bounds[name] = v
+    lo, hi = bounds["minval"], bounds["maxval"]
+    if not lo < hi:
+        raise ValueError(
+            f"`minval` must be less than `maxval` (values lie in [minval, maxval)), got "
+            f"minval={minval!r}, maxval={maxval!r}."
+        )
+    if not np.isfinite(hi - lo):
+        raise ValueError(
+            f"`maxval` - `minval` must be finite in float64 (the values are drawn in it), got "
+            f"minval={minval!r}, maxval={maxval!r}."
+        )
+    bottom, top = _rounded_bounds(dtype, lo, hi)
+    if bottom > top:
+        raise ValueError(
+            f"no {dtype.name} value lies in [minval, maxval) = [{minval!r}, {maxval!r}): the "
+            "interval is narrower than the spacing of the dtype there. Widen it or pass a "
+            "wider `dtype`."
+        )
+    return lo, hi
 
 
 def _host_rng(key: Any) -> np.random.Generator:
@@ -43,6 +104,12 @@ def _host_rng(key: Any) -> np.random.Generator:
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         with jax.ensure_compile_time_eval():  # a concrete key closed over inside jit
             key = jax.random.key_data(key)
+    elif key.dtype != jnp.uint32:
+        raise TypeError(
+            "`key` must be a jax.random key: a typed key (`jax.random.key(0)`) or a raw "
+            f"uint32 key array (`jax.random.PRNGKey(0)`), got an array of dtype {key.dtype} "
+            f"and shape {key.shape}."
+        )
     return np.random.default_rng(np.asarray(key).astype(np.uint32).ravel().tolist())
 
 
@@ -62,11 +129,7 @@ def _uniform(rng: np.random.Generator, shape, dtype, minval: float, maxval: floa
     """Uniform values in ``[minval, maxval)`` as ``dtype``: drawn in float64, then
     kept inside the interval after rounding (a bfloat16 draw of 0.999 is 1.0)."""
     values = rng.uniform(minval, maxval, shape).astype(dtype)
-    top, bottom = np.asarray(maxval, dtype), np.asarray(minval, dtype)
-    if float(top) >= maxval:
-        top = np.nextafter(top, np.asarray(-np.inf, dtype))
-    if float(bottom) < minval:
-        bottom = np.nextafter(bottom, np.asarray(np.inf, dtype))
+    bottom, top = _rounded_bounds(dtype, minval, maxval)
     return np.clip(values, bottom, top).astype(dtype, copy=False)
 
 
@@ -92,8 +155,13 @@ def csr(
       shape: ``(M, K)``.
       density: fraction of the entries that are stored, in ``[0, 1]``.
       dtype: a floating dtype.
-      minval: lower end of the range of the values.
-      maxval: upper end of the range of the values.
+      minval: lower end of the range of the values: a finite number that
+        ``dtype`` can hold.
+      maxval: upper end of the range of the values, ``> minval``, likewise.
+
+    Raises:
+      TypeError, ValueError: naming the argument that is not of the kind or
+        in the range described above.
 
     Example:
       >>> import jax, jaxsparse_rows as jsr
@@ -107,6 +175,7 @@ def csr(
         raise ValueError(f"`shape` must be 2-D (M, K) for a CSR, got {shape}.")
     density = _check_density(density)
     dtype = _check_float(dtype)
+    minval, maxval = _check_range(minval, maxval, dtype)
     m, n = shape
     nnz = int(round(density * m * n))
     flat = _positions(rng, m * n, nnz)
@@ -137,10 +206,15 @@ def row_sparse(
       shape: ``(N, D1, ..., Dn)``.
       density: fraction of the rows that are stored, in ``[0, 1]``.
       dtype: a floating dtype.
-      minval: lower end of the range of the values.
-      maxval: upper end of the range of the values.
+      minval: lower end of the range of the values: a finite number that
+        ``dtype`` can hold.
+      maxval: upper end of the range of the values, ``> minval``, likewise.
       capacity: row slots of the result (default: exactly the stored rows);
         extra slots are padding (index ``N``, zero data).
+
+    Raises:
+      TypeError, ValueError: naming the argument that is not of the kind or
+        in the range described above.
 
     Example:
       >>> import jax, jaxsparse_rows as jsr
@@ -154,6 +228,7 @@ def row_sparse(
         raise ValueError("`shape` must have at least one dimension (the rows), got ().")
     density = _check_density(density)
     dtype = _check_float(dtype)
+    minval, maxval = _check_range(minval, maxval, dtype)
     n = shape[0]
     k = int(round(density * n))
     cap = k if capacity is None else check_static_int(capacity, "capacity")

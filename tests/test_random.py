@@ -149,3 +149,48 @@ def test_errors():
         jsr.random.csr(0, (3, 3), 0.1)
     with pytest.raises(ValueError, match="capacity"):
         jsr.random.row_sparse(key, (10, 2), 0.5, capacity=2)
+
+
+@pytest.mark.parametrize("fn", [jsr.random.csr, jsr.random.row_sparse])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        # float16 holds at most 65504: every value came out as 65504
+        (
+            {"dtype": jnp.float16, "minval": 1e5, "maxval": 2e5},
+            ValueError,
+            r"`minval` = 100000.0 is not representable in float16",
+        ),
+        ({"dtype": jnp.float16, "maxval": 7e4}, ValueError, r"`maxval` = 70000.0 is not repr"),
+        ({"minval": 1.0, "maxval": 0.0}, ValueError, r"`minval` must be less than `maxval`"),
+        ({"minval": 1.0, "maxval": 1.0}, ValueError, r"`minval` must be less than `maxval`"),
+        ({"minval": float("nan")}, ValueError, r"`minval` must be finite, got nan"),
+        ({"maxval": float("inf")}, ValueError, r"`maxval` must be finite, got inf"),
+        ({"minval": "0"}, TypeError, r"`minval` must be a finite real number, got str"),
+        (
+            {"dtype": jnp.float16, "minval": 1.0001, "maxval": 1.0002},
+            ValueError,
+            r"no float16 value lies in \[minval, maxval\)",
+        ),
+    ],
+)
+def test_value_range_errors_name_the_bound(fn, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        fn(jax.random.key(0), (3, 3), 0.5, **kwargs)
+
+
+@pytest.mark.parametrize("fn", [jsr.random.csr, jsr.random.row_sparse])
+def test_a_key_must_be_typed_or_raw_uint32(fn):
+    """A float array was truncated to uint32 and accepted as a key."""
+    match = r"`key` must be a jax.random key.*got an array of dtype float32"
+    with pytest.raises(TypeError, match=match):
+        fn(jnp.array([0.5, 1.7]), (3, 3), 0.5)
+    with pytest.raises(TypeError, match=r"`key`.*dtype int32"):
+        fn(jnp.array([0, 1], jnp.int32), (3, 3), 0.5)
+    raw = fn(jax.random.PRNGKey(0), (3, 3), 0.5, minval=-1, maxval=np.float32(2))
+    assert raw.shape == (3, 3)
+
+
+def test_density_must_be_a_real_number():
+    with pytest.raises(TypeError, match=r"`density` must be a number in \[0, 1\], got str '0.5'"):
+        jsr.random.csr(jax.random.key(0), (3, 3), "0.5")
