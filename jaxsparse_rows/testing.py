@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, _validate_csr
-from ._rowsparse import RowSparse, validate_row_indices
+from ._rowsparse import RowSparse, _as_shape, validate_row_indices
 from ._storage import stype as _stype
-from ._util import index_dtype
+from ._util import check_static_int, index_dtype
+from .random import _check_density
 
 __all__ = [
     "assert_allclose",
@@ -60,6 +61,26 @@ def tolerance(dtype: Any) -> tuple[float, float]:
     return _TOLERANCES.get(name, (0.0, 0.0))
 
 
+def _check_rng(rng: Any) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            "`rng` must be a numpy.random.Generator (e.g. `np.random.default_rng(0)`), got "
+            f"{type(rng).__name__}. (`jsr.random` draws from a jax.random key instead.)"
+        )
+    return rng
+
+
+def _check_shape(shape: Any, index_dims: int = 0, ndim: int | None = None) -> tuple[int, ...]:
+    """A tuple of ints >= 0 with at least ``index_dims`` dimensions (exactly
+    ``ndim`` if given); errors name `shape`."""
+    out = _as_shape(shape, index_dims=index_dims)
+    if ndim is not None and len(out) != ndim:
+        raise ValueError(f"`shape` must be {ndim}-D, got {shape!r}.")
+    if len(out) < index_dims:
+        raise ValueError(f"`shape` must have at least {index_dims} dimension(s), got {shape!r}.")
+    return out
+
+
 def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """Non-zero values exactly representable in every float dtype (multiples of 1/4)."""
     dtype = jnp.dtype(dtype)
@@ -78,6 +99,11 @@ def random_dense(
 ) -> np.ndarray:
     """A dense numpy array of small non-zero values (multiples of 1/4 in ``[-2, 2]``).
 
+    Args:
+      rng: a ``numpy.random.Generator``.
+      shape: the shape, ints ``>= 0``.
+      dtype: the dtype.
+
     Example:
       >>> import numpy as np
       >>> from jaxsparse_rows import testing as jsrt
@@ -85,7 +111,7 @@ def random_dense(
       >>> x.shape, x.dtype, bool(np.all(x != 0))
       ((2, 3), dtype('float32'), True)
     """
-    return _values(rng, tuple(shape), dtype)
+    return _values(_check_rng(rng), _check_shape(shape), dtype)
 
 
 def random_rowsparse(
@@ -100,12 +126,15 @@ def random_rowsparse(
 
     Args:
       rng: a ``numpy.random.Generator``.
-      shape: the dense shape ``(N, D1..Dn)``.
-      n_rows: number of stored (real) rows, chosen at random in ``[0, N]`` if
-        omitted. Stored rows hold non-zero values.
-      capacity: static capacity ``k >= n_rows``; slots past the real rows are
-        padding (id ``N``, zero data). Default: ``n_rows`` (no padding).
+      shape: the dense shape ``(N, D1..Dn)``: one or more ints ``>= 0``.
+      n_rows: number of stored (real) rows, an int in ``[0, N]``, chosen at
+        random if omitted. Stored rows hold non-zero values.
+      capacity: static capacity, an int ``k >= n_rows``; slots past the real
+        rows are padding (id ``N``, zero data). Default: ``n_rows`` (no padding).
       dtype: the data dtype.
+
+    Raises:
+      TypeError, ValueError: naming the argument that is not as described.
 
     Example:
       >>> import numpy as np
@@ -114,13 +143,15 @@ def random_rowsparse(
       >>> x, x.indices[-1].item()
       (RowSparse(float32[5, 2], rows=2, capacity=3), 5)
     """
-    shape = tuple(int(d) for d in shape)
+    rng = _check_rng(rng)
+    shape = _check_shape(shape, index_dims=1)
     n = shape[0]
     if n_rows is None:
         n_rows = int(rng.integers(0, n + 1))
+    n_rows = check_static_int(n_rows, "n_rows")
     if not 0 <= n_rows <= n:
         raise ValueError(f"`n_rows` must lie in [0, N] = [0, {n}], got {n_rows}.")
-    capacity = n_rows if capacity is None else int(capacity)
+    capacity = n_rows if capacity is None else check_static_int(capacity, "capacity")
     if capacity < n_rows:
         raise ValueError(f"`capacity` must be >= `n_rows` = {n_rows}, got {capacity}.")
     rows = np.sort(rng.choice(n, size=n_rows, replace=False)) if n_rows else np.zeros(0, int)
@@ -143,12 +174,16 @@ def random_csr(
 
     Args:
       rng: a ``numpy.random.Generator``.
-      shape: ``(M, K)``.
-      density: probability that an entry is stored (stored values are non-zero).
-      nse: static capacity; default the number of stored entries. Extra slots are
-        padding (column id ``K``, zero data). If fewer than the drawn entries, the
-        entries are thinned to fit.
+      shape: ``(M, K)``, ints ``>= 0``.
+      density: probability in ``[0, 1]`` that an entry is stored (stored values
+        are non-zero).
+      nse: static capacity, an int ``>= 0``; default the number of stored
+        entries. Extra slots are padding (column id ``K``, zero data). If fewer
+        than the drawn entries, the entries are thinned to fit.
       dtype: the data dtype.
+
+    Raises:
+      TypeError, ValueError: naming the argument that is not as described.
 
     Example:
       >>> import numpy as np
@@ -157,7 +192,10 @@ def random_csr(
       >>> x.nse, x.shape
       (20, (4, 6))
     """
-    m, k = (int(d) for d in shape)
+    rng = _check_rng(rng)
+    m, k = _check_shape(shape, index_dims=2, ndim=2)
+    density = _check_density(density)
+    nse = None if nse is None else check_static_int(nse, "nse")
     mask = rng.random((m, k)) < density
     rows, cols = np.nonzero(mask)
     if nse is not None and len(rows) > nse:

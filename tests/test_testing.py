@@ -71,3 +71,49 @@ def test_assert_allclose_checks_shape_and_validity():
     broken = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([1, 1]), (3, 1))
     with pytest.raises(AssertionError, match="sorted ascending without duplicates"):
         jsrt.assert_allclose(broken, [[0], [2], [0]])
+
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        # (5.7, 2) built 5 rows and capacity 2.9 gave 2
+        (lambda r: jsrt.random_rowsparse(r, (5.7, 2)), TypeError, r"`shape` must be a tuple of"),
+        (lambda r: jsrt.random_rowsparse(r, (-1, 2)), ValueError, r"`shape` must be a tuple of"),
+        (
+            lambda r: jsrt.random_rowsparse(r, ()),
+            ValueError,
+            r"`shape` must have at least 1 dimension",
+        ),
+        (
+            lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=2, capacity=2.9),
+            ValueError,
+            r"`capacity` must be an int >= 0, got 2.9",
+        ),
+        (
+            lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=1.5),
+            ValueError,
+            r"`n_rows` must be an int >= 0, got 1.5",
+        ),
+        (lambda r: jsrt.random_csr(r, (4.9, 4)), TypeError, r"`shape` must be a tuple of ints"),
+        (
+            lambda r: jsrt.random_csr(r, (2, 2, 2)),
+            ValueError,
+            r"`shape` must be 2-D, got \(2, 2, 2\)",
+        ),
+        (lambda r: jsrt.random_csr(r, (4, 4), density=-1), ValueError, r"`density` must lie"),
+        (lambda r: jsrt.random_csr(r, (4, 4), density=1.5), ValueError, r"`density` must lie"),
+        (lambda r: jsrt.random_csr(r, (4, 4), nse=-1), ValueError, r"`nse` must be an int >= 0"),
+        (lambda r: jsrt.random_csr(r, (4, 4), nse=2.5), ValueError, r"`nse` must be an int >= 0"),
+        (lambda r: jsrt.random_dense(r, (2.5, 3)), TypeError, r"`shape` must be a tuple of ints"),
+    ],
+)
+def test_random_helpers_check_their_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("helper", [jsrt.random_rowsparse, jsrt.random_csr, jsrt.random_dense])
+def test_random_helpers_need_a_numpy_generator(helper):
+    with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator.*PRNGKeyArray"):
+        helper(jax.random.key(0), (3, 2))
+    assert helper(np.random.default_rng(0), (3, 2)).shape == (3, 2)
