@@ -29,9 +29,7 @@ def from_scipy(m: Any) -> CSR:
         raise TypeError(f"`m` must be a scipy.sparse matrix, got {type(m).__name__}.")
     m = m.tocsr()
     nnz = int(m.indptr[-1])  # scipy ignores entries past it (csr_matrix refuses them)
-    return csr_matrix(
-        (as_data(m.data[:nnz], host=True), m.indices[:nnz], m.indptr), shape=m.shape
-    )
+    return csr_matrix((as_data(m.data[:nnz], host=True), m.indices[:nnz], m.indptr), shape=m.shape)
 
 
 def to_scipy(x: Any):
