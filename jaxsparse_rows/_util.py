@@ -28,7 +28,7 @@ def check_flag(value: Any, name: str) -> bool:
     (a string such as ``"false"`` is truthy, so it would mean the opposite)."""
     if isinstance(value, bool | np.bool_):
         return bool(value)
-    raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+    raise TypeError(f"`{name}` must be True or False, got {type(value).__name__} {value!r}.")
 
 
 def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) -> Any:
@@ -182,17 +182,19 @@ def as_jax(x: Any) -> jax.Array:
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
-def _check_numeric(data: np.ndarray) -> None:
-    """Raise a TypeError naming ``data`` unless it holds numbers or bools."""
+def _check_numeric(data: np.ndarray, name: str) -> None:
+    """Raise a TypeError naming ``name`` unless ``data`` holds numbers or bools."""
     if not (jnp.issubdtype(data.dtype, jnp.number) or data.dtype == np.bool_):
         raise TypeError(
-            f"`data` must hold numbers or bools, got an array of dtype {data.dtype} "
+            f"`{name}` must hold numbers or bools, got an array of dtype {data.dtype} "
             f"({np.ravel(data)[:3].tolist()!r}...)."
         )
 
 
-def _check_int_range(values: np.ndarray, target: np.dtype, *, x64_hint: bool = False) -> None:
-    """Raise a ValueError naming ``data`` if integer ``values`` would wrap in ``target``."""
+def _check_int_range(
+    values: np.ndarray, target: np.dtype, name: str, *, x64_hint: bool = False
+) -> None:
+    """Raise a ValueError naming ``name`` if integer ``values`` would wrap in ``target``."""
     if values.dtype.kind not in "iu" or target.kind not in "iu" or not values.size:
         return
     src, info = np.iinfo(values.dtype), np.iinfo(target)
@@ -201,15 +203,16 @@ def _check_int_range(values: np.ndarray, target: np.dtype, *, x64_hint: bool = F
     bad = (values < info.min) | (values > info.max)
     if np.any(bad):
         hint = " (enable jax_enable_x64 for 64-bit values)" if x64_hint else ""
-        raise ValueError(f"`data` must fit in {target.name}{hint}, got {values[bad][0]}.")
+        raise ValueError(f"`{name}` must fit in {target.name}{hint}, got {values[bad][0]}.")
 
 
-def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
+def as_data(data: Any, dtype: Any = None, *, host: bool = False, name: str = "data") -> Any:
     """``jnp.asarray`` for the values of a sparse array; float64 numpy input (or
     lists of floats) become float32 when x64 is off, without a truncation warning.
 
     ``dtype`` is canonicalised first (``float`` means float32 when x64 is off).
     With ``host=True`` host input stays a numpy array (no device round trip).
+    Errors name the argument ``name``.
     """
     if dtype is not None:
         dtype = jax.dtypes.canonicalize_dtype(dtype)
@@ -218,23 +221,24 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False) -> Any:
             # Check the values before converting: numpy turns None into NaN and
             # "1" into 1.0 for a float dtype.
             try:
-                _check_numeric(np.asarray(data))
+                _check_numeric(np.asarray(data), name)
             except ValueError as e:  # ragged nesting
-                raise ValueError(f"`data` could not be converted to an array: {e}") from e
+                raise ValueError(f"`{name}` could not be converted to an array: {e}") from e
         if dtype is not None and isinstance(data, np.ndarray):
-            _check_int_range(data, np.dtype(dtype))  # numpy's cast would wrap
+            _check_int_range(data, np.dtype(dtype), name)  # numpy's cast would wrap
         try:
             data = np.asarray(data, dtype=dtype)
         except (ValueError, OverflowError) as e:
             target = "an array" if dtype is None else f"an array of {dtype}"
-            raise ValueError(f"`data` could not be converted to {target}: {e}") from e
-        _check_numeric(data)
+            raise ValueError(f"`{name}` could not be converted to {target}: {e}") from e
+        _check_numeric(data, name)
         if not data.dtype.isnative:  # big-endian input: JAX takes native order only
             data = data.astype(data.dtype.newbyteorder("="))
         if data.dtype == np.float64 and dtype is None and not jax.config.jax_enable_x64:
             data = data.astype(np.float32)
         # int64 becomes int32 when x64 is off: refuse values that would wrap.
-        _check_int_range(data, np.dtype(jax.dtypes.canonicalize_dtype(data.dtype)), x64_hint=True)
+        target = np.dtype(jax.dtypes.canonicalize_dtype(data.dtype))
+        _check_int_range(data, target, name, x64_hint=True)
         if host:
             return data
     return jnp.asarray(data, dtype=dtype)

@@ -486,3 +486,14 @@ def test_save_libsvm_refuses_non_numeric_labels_and_flag(tmp_path):
         jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, 0], zero_based="yes")
     jsr.io.save_libsvm(tmp_path / "s.svm", x, np.array([True, False]))
     assert (tmp_path / "s.svm").read_text() == "1 1:1\n0 2:1\n"
+
+
+def test_csriter_refuses_labels_that_int32_would_wrap():
+    """With x64 off int64 labels became int32: 2**40 became 0."""
+    x = jsr.csr_matrix(np.eye(2, dtype=np.float32))
+    with pytest.raises(ValueError, match=r"`labels` must fit in int32"):
+        jsr.io.CSRIter(x, np.array([2**40, 1]), batch_size=2)
+    with pytest.raises(TypeError, match=r"`labels` must hold numbers or bools"):
+        jsr.io.CSRIter(x, np.array(["a", "b"]), batch_size=2)
+    batch = next(iter(jsr.io.CSRIter(x, np.array([2**31 - 1, 1]), batch_size=2)))
+    np.testing.assert_array_equal(batch.y, [2**31 - 1, 1])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._csr import CSR
-from .._util import check_static_int, index_dtype
+from .._util import as_data, check_flag, check_static_int, index_dtype
 from ._libsvm import (
     Parsed,
     check_feature_count,
@@ -91,13 +91,6 @@ def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
     if not out:
         raise ValueError("`nnz_buckets` must be None or a non-empty sequence of ints >= 1.")
     return tuple(sorted(set(out)))
-
-
-def _check_flag(value: Any, name: str) -> bool:
-    """A real bool (a truthy string such as ``"no"`` must not count as True)."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"`{name}` must be True or False, got {type(value).__name__} {value!r}.")
-    return bool(value)
 
 
 def _check_seed(seed: Any) -> int:
@@ -251,11 +244,11 @@ class CSRIter(_Batcher):
 
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
-        shuffle, seed = _check_flag(shuffle, "shuffle"), _check_seed(seed)
+        shuffle, seed = check_flag(shuffle, "shuffle"), _check_seed(seed)
         csr = csr_matrix(csr)
         indptr = np.asarray(csr.indptr).astype(np.int64)
         nnz = int(indptr[-1])
-        y = np.asarray(labels)
+        y = as_data(labels, host=True, name="labels")  # refuses values int32 would wrap
         y = y.astype(jax.dtypes.canonicalize_dtype(y.dtype))
         if y.ndim == 0 or y.shape[0] != csr.shape[0]:
             raise ValueError(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._csr import CSR
-from .._util import check_static_int, index_dtype
+from .._util import check_flag, check_static_int, index_dtype
 
 PathLike = str | os.PathLike
 
@@ -407,10 +407,7 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
             f"`labels` must hold real numbers (bool, int or float), got dtype {labels.dtype}"
             f"{f' ({what})' if what else ''}. Map class names to numbers before saving."
         )
-    if not isinstance(zero_based, bool | np.bool_):
-        raise TypeError(
-            f"`zero_based` must be True or False, got {type(zero_based).__name__} {zero_based!r}."
-        )
+    zero_based = check_flag(zero_based, "zero_based")
     m = csr.shape[0]
     if labels.shape != (m,):
         raise ValueError(f"`labels` must have shape ({m},) to match `csr`, got {labels.shape}.")
