@@ -14,8 +14,9 @@ lowered:
 
 So one traced function runs the kernels under ``jax.jit`` on CPU, runs XLA on
 GPU, and exports to a portable program, with no branch left in any of them.
-The primitive has no derivative rules: its callers wrap it in a
-``jax.custom_jvp`` written in XLA ops (or return integers). Under ``vmap`` it
+The primitive has no JVP: its callers wrap it in a ``jax.custom_jvp``
+written in XLA ops (or return integers). Its transpose, for programs that
+``jax.linear_transpose`` inlines, is the XLA function's. Under ``vmap`` it
 runs the XLA function, batched by JAX.
 """
 
@@ -26,8 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from ._util import explicit_spec, jitted_impl
 
@@ -95,7 +98,35 @@ def _batch(args, dims, *, native, xla, static, out_types):
     return out, [0] * len(out)
 
 
+def _transpose(cts, *args, native, xla, static, out_types):
+    """Transposes the XLA function (``jax.linear_transpose``, and the solvers
+    of ``jax.scipy.sparse.linalg`` that transpose their matvec): its VJP with
+    respect to the linear operands, taken at zero, which for a function linear
+    in them is its transpose. Integer outputs carry no cotangent."""
+    del native, out_types
+    linear = [ad.is_undefined_primal(a) for a in args]
+    fixed = [None if lin else a for a, lin in zip(args, linear, strict=True)]
+
+    def of_linear(*operands):
+        it = iter(operands)
+        return _flat(xla, static)(*[next(it) if f is None else f for f in fixed])
+
+    at = [jnp.zeros(a.aval.shape, a.aval.dtype) for a, lin in zip(args, linear, strict=True) if lin]
+    outs, vjp = jax.vjp(of_linear, *at)
+    cts = [
+        np.zeros(o.shape, jax.dtypes.float0)
+        if not jnp.issubdtype(o.dtype, jnp.inexact)
+        else jnp.zeros(o.shape, o.dtype)
+        if type(ct) is ad.Zero
+        else ct
+        for ct, o in zip(cts, outs, strict=True)
+    ]
+    it = iter(vjp(cts))
+    return [next(it) if lin else None for lin in linear]
+
+
 kernel_call_p.def_impl(jitted_impl(kernel_call_p))
+ad.primitive_transposes[kernel_call_p] = _transpose
 kernel_call_p.def_abstract_eval(_abstract)
 mlir.register_lowering(kernel_call_p, _xla_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from kernel_switch import needs_kernels
+from jax.scipy.sparse.linalg import bicgstab, gmres
+from kernel_switch import kernels_set, needs_kernels
 
+import jaxsparse_rows as jsr
 from jaxsparse_rows import _ids, _native
 from jaxsparse_rows._kernel_call import on_cpu
 from jaxsparse_rows._util import _jitted_bind
@@ -60,3 +62,24 @@ def test_export_lowers_to_the_xla_function():
     exported = export.export(jax.jit(_unique))(ids)
     assert _native.UNIQUE_IDS_TARGET not in exported.mlir_module()
     _same(exported.call(ids), _want(ids))
+
+
+def test_linear_transpose_and_krylov_solvers_through_kernel_products():
+    """``jax.linear_transpose`` inlines the kernel calls of ``dot(csr, dense)``
+    and of ``dense + RowSparse`` (a scatter-add); they had no transpose rule,
+    so it and the solvers that transpose their matvec (gmres, bicgstab)
+    failed with kernels on. The rule transposes the XLA twin."""
+    x = jsr.csr_matrix(([1.0, 2.0, 3.0], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 3))
+    xd = np.asarray(x.todense())
+    w, y = jnp.ones((3, 2)), jnp.arange(6.0).reshape(3, 2)
+    ids = jnp.array([0, 2])
+    for on in (True, False):
+        with kernels_set(on):
+            got = jax.linear_transpose(lambda v: jsr.dot(x, v), w)(y)[0]
+            np.testing.assert_allclose(got, xd.T @ np.asarray(y), rtol=1e-6)
+            got = jax.linear_transpose(lambda d: w + jsr.RowSparse(d, ids, (3, 2)), y[:2])(y)[0]
+            np.testing.assert_array_equal(got, np.asarray(y)[[0, 2]])
+            want = np.linalg.solve(xd + np.eye(3), np.ones(3))
+            for solve in (gmres, bicgstab):
+                sol = solve(lambda v: jsr.dot(x, v) + v, jnp.ones(3))[0]
+                np.testing.assert_allclose(sol, want, rtol=1e-4, atol=1e-5)
