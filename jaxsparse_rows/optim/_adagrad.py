@@ -10,12 +10,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._hparams import NONNEG, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
     PARAMS_REQUIRED,
     apply_rule,
     check_dense_params,
     check_like,
+    check_state,
     known_zero,
     map_updates,
     zeros_like_params,
@@ -43,8 +45,8 @@ def scale_by_lazy_adagrad(
     ``lazy`` switch.
 
     Args:
-      initial_accumulator_value: starting value of every accumulator.
-      eps: term added inside the square root.
+      initial_accumulator_value: starting value of every accumulator (>= 0).
+      eps: term added inside the square root (>= 0).
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -57,6 +59,8 @@ def scale_by_lazy_adagrad(
       >>> u.data, state.sum_of_squares[:, 0]
       (Array([[1.]], dtype=float32), Array([0., 9.], dtype=float32))
     """
+    check_number("initial_accumulator_value", initial_accumulator_value, NONNEG)
+    check_number("eps", eps, NONNEG)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_adagrad")
@@ -70,12 +74,14 @@ def scale_by_lazy_adagrad(
 
     def update_fn(updates, state, params=None):
         del params
+        check_state(state, ScaleByLazyAdagradState, "scale_by_lazy_adagrad")
 
         def leaf(path, g, acc):
             u, (acc,) = apply_rule(path, g, [acc], None, rule, lazy=True)
             return u, acc
 
-        updates, acc = map_updates(leaf, updates, state.sum_of_squares, n_out=2)
+        names = ("updates", "state.sum_of_squares")
+        updates, acc = map_updates(leaf, updates, state.sum_of_squares, n_out=2, names=names)
         return updates, ScaleByLazyAdagradState(acc)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -90,8 +96,8 @@ def lazy_adagrad(
 
     Args:
       learning_rate: a float or an optax schedule.
-      initial_accumulator_value: starting value of every accumulator.
-      eps: term added inside the square root.
+      initial_accumulator_value: starting value of every accumulator (>= 0).
+      eps: term added inside the square root (>= 0).
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -104,6 +110,7 @@ def lazy_adagrad(
       >>> jsr.optim.apply_updates(w, u)[:, 0]
       Array([0., 0., 1.], dtype=float32)
     """
+    check_learning_rate(learning_rate)
     return optax.chain(
         scale_by_lazy_adagrad(initial_accumulator_value, eps),
         scale_by_learning_rate(learning_rate),
@@ -133,7 +140,7 @@ def scale_by_lazy_rowwise_adagrad(
         u_r = g / (sqrt(M_r) + eps)
 
     Args:
-      eps: term added to the denominator.
+      eps: term added to the denominator (>= 0).
       weight_decay: coupled (L2) weight decay on the listed rows; needs
         ``params`` in ``update``.
 
@@ -148,6 +155,8 @@ def scale_by_lazy_rowwise_adagrad(
       >>> state.sum_of_squares
       Array([12.5,  0. ,  0. ], dtype=float32)
     """
+    check_number("eps", eps, NONNEG)
+    check_number("weight_decay", weight_decay, none_ok=True)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_rowwise_adagrad")
@@ -173,6 +182,7 @@ def scale_by_lazy_rowwise_adagrad(
         return jnp.where(zero, 0, g / jnp.where(zero, 1, denom)), [acc]
 
     def update_fn(updates, state, params=None):
+        check_state(state, ScaleByLazyRowwiseAdagradState, "scale_by_lazy_rowwise_adagrad")
         if decay and params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="rowwise AdaGrad with weight_decay"))
 
@@ -189,7 +199,10 @@ def scale_by_lazy_rowwise_adagrad(
             u, (acc,) = apply_rule(path, g, [acc], w, rule, lazy=True, check_states=False)
             return u, acc
 
-        updates, acc = map_updates(leaf, updates, state.sum_of_squares, params, n_out=2)
+        names = ("updates", "state.sum_of_squares", "params")
+        updates, acc = map_updates(
+            leaf, updates, state.sum_of_squares, params, n_out=2, names=names
+        )
         return updates, ScaleByLazyRowwiseAdagradState(acc)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -208,7 +221,7 @@ def lazy_rowwise_adagrad(
 
     Args:
       learning_rate: a float or an optax schedule.
-      eps: term added to the denominator.
+      eps: term added to the denominator (>= 0).
       weight_decay: coupled (L2) weight decay on the listed rows.
 
     Returns:
@@ -223,6 +236,7 @@ def lazy_rowwise_adagrad(
       Array([[ 0.,  0.],
              [-1., -1.]], dtype=float32)
     """
+    check_learning_rate(learning_rate)
     return optax.chain(
         scale_by_lazy_rowwise_adagrad(eps, weight_decay),
         scale_by_learning_rate(learning_rate),

@@ -9,9 +9,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._hparams import NONNEG, UNIT, check_inexact_dtype, check_learning_rate, check_number
 from ._sgd import _check_lazy
 from ._transforms import add_decayed_weights, scale_by_learning_rate
-from ._tree import abs_sq, apply_rule, check_dense_params, map_updates, zeros_like_params
+from ._tree import (
+    abs_sq,
+    apply_rule,
+    check_dense_params,
+    check_state,
+    map_updates,
+    zeros_like_params,
+)
 
 
 class ScaleByLazyAdamState(NamedTuple):
@@ -54,10 +62,10 @@ def scale_by_lazy_adam(
     effective ``eps / sqrt(1 - b2**count)``), the only difference from them.
 
     Args:
-      b1: first-moment decay.
-      b2: second-moment decay.
-      eps: term added to the denominator outside the square root.
-      eps_root: term added inside the square root.
+      b1: first-moment decay, in [0, 1).
+      b2: second-moment decay, in [0, 1).
+      eps: term added to the denominator outside the square root (>= 0).
+      eps_root: term added inside the square root (>= 0).
       lazy: True updates only listed rows of RowSparse gradients; False
         densifies them (exactly ``optax.scale_by_adam``).
       mu_dtype: dtype of the first moments, as in ``optax.scale_by_adam``
@@ -76,7 +84,11 @@ def scale_by_lazy_adam(
       (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
     """
     _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
-    mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
+    check_number("b1", b1, UNIT)
+    check_number("b2", b2, UNIT)
+    check_number("eps", eps, NONNEG)
+    check_number("eps_root", eps_root, NONNEG)
+    mu_dtype = check_inexact_dtype("mu_dtype", mu_dtype)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_adam")
@@ -88,6 +100,7 @@ def scale_by_lazy_adam(
 
     def update_fn(updates, state, params=None):
         del params
+        check_state(state, ScaleByLazyAdamState, "scale_by_lazy_adam")
         count = optax.safe_increment(state.count)
         c1, c2 = 1 - jnp.array([b1, b2]) ** count  # one fusion for both corrections
 
@@ -103,7 +116,8 @@ def scale_by_lazy_adam(
             u, (mu, nu) = apply_rule(path, g, [mu, nu], None, rule, lazy=lazy)
             return u, mu, nu
 
-        updates, mu, nu = map_updates(leaf, updates, state.mu, state.nu, n_out=3)
+        names = ("updates", "state.mu", "state.nu")
+        updates, mu, nu = map_updates(leaf, updates, state.mu, state.nu, n_out=3, names=names)
         return updates, ScaleByLazyAdamState(count=count, mu=mu, nu=nu)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -128,10 +142,10 @@ def lazy_adam(
 
     Args:
       learning_rate: a float or an optax schedule.
-      b1: first-moment decay.
-      b2: second-moment decay.
-      eps: term added to the denominator outside the square root.
-      eps_root: term added inside the square root.
+      b1: first-moment decay, in [0, 1).
+      b2: second-moment decay, in [0, 1).
+      eps: term added to the denominator outside the square root (>= 0).
+      eps_root: term added inside the square root (>= 0).
       lazy: True (lazy rows) or False (dense-equivalent).
       mu_dtype: dtype of the first moments (``optax.adam``'s ``mu_dtype``);
         default the parameters' dtype.
@@ -152,6 +166,7 @@ def lazy_adam(
              [-0.1,  0.1],
              [ 0. ,  0. ]], dtype=float32)
     """
+    check_learning_rate(learning_rate)
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         scale_by_learning_rate(learning_rate),
@@ -178,10 +193,10 @@ def lazy_adamw(
 
     Args:
       learning_rate: a float or an optax schedule.
-      b1: first-moment decay.
-      b2: second-moment decay.
-      eps: term added to the denominator outside the square root.
-      eps_root: term added inside the square root.
+      b1: first-moment decay, in [0, 1).
+      b2: second-moment decay, in [0, 1).
+      eps: term added to the denominator outside the square root (>= 0).
+      eps_root: term added inside the square root (>= 0).
       weight_decay: decoupled weight decay coefficient.
       lazy: True (lazy rows) or False (dense-equivalent).
       mu_dtype: dtype of the first moments; default the parameters' dtype.
@@ -197,6 +212,7 @@ def lazy_adamw(
       >>> np.asarray(jsr.optim.apply_updates(w, u)[:, 0]).round(4)
       array([0.85, 1.  , 1.  ], dtype=float32)
     """
+    check_learning_rate(learning_rate)
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         add_decayed_weights(weight_decay, lazy),

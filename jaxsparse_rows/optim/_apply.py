@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .._operators import SparseOperators
-from ._tree import check_like, gather_rows, is_rowsparse, scatter_rows
+from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, scatter_rows
 
 
 def apply_updates(params: Any, updates: Any) -> Any:
@@ -19,8 +19,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
     that XLA performs in place when ``params`` is donated. Dense updates are
     added as in ``optax.apply_updates``. The parameter dtype is preserved and
     ``None`` parameters stay ``None``. ``optax.apply_updates`` gives the same
-    result (through ``RowSparse.__radd__``); this version also checks shapes
-    and names the offending parameter.
+    result (through ``RowSparse.__radd__``); this version also checks
+    structures and shapes and names the offending parameter.
 
     Args:
       params: a pytree of dense arrays.
@@ -55,4 +55,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
     # Sparse arrays are leaves, so a RowSparse in `params` reaches `check_like`
     # (and is refused) instead of being mapped over its data and row ids.
     is_leaf = lambda x: x is None or isinstance(x, SparseOperators)  # noqa: E731
-    return jax.tree_util.tree_map_with_path(leaf, params, updates, is_leaf=is_leaf)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_leaf)
+    hint = " `updates` must have the structure of `params`."
+    flat_u = flatten_like(treedef, updates, ("params", "updates"), hint)
+    return treedef.unflatten([leaf(path, p, u) for (path, p), u in zip(flat, flat_u, strict=True)])

@@ -27,21 +27,28 @@ import optax
 from .._ids import unique_rows
 from .._rows import _as_ids, _check_id_range
 from .._rowsparse import RowSparse
+from ._sgd import check_sgd_hparams
 from ._tree import (
     PARAMS_REQUIRED,
-    check_clip,
     check_dense_params,
+    check_inexact,
     check_like,
+    check_state,
+    check_state_shape,
+    flatten_like,
     gather_rows,
     is_rowsparse,
     known_one,
     map_updates,
     mask_rows,
     scatter_rows,
+    short_tree,
     zeros_like_params,
 )
 
 _BITS = 31  # counts are int32
+_TRACE = "optimizer state (shaped like the parameter)"
+_LAST = "optimizer state's per-row step counter `last_step`"
 
 
 class StaticHparams(tuple):
@@ -151,7 +158,7 @@ def exact_lazy_sgd(
                 "the closed-form replay of skipped steps is computed when the optimizer is "
                 "built. Under `optax.inject_hyperparams`, list it in `static_args`."
             )
-    check_clip(clip_gradient)
+    nesterov = check_sgd_hparams(momentum, nesterov, weight_decay, rescale_grad, clip_gradient)
     momentum = 0.0 if momentum is None else momentum
     weight_decay = 0.0 if weight_decay is None else weight_decay
     lr = float(learning_rate)
@@ -183,12 +190,17 @@ def exact_lazy_sgd(
         return (w_new - w0).astype(dt), m
 
     def update_fn(updates, state, params=None):
+        check_state(state, ExactLazySgdState, "lazy_sgd(lazy='exact')")
         if params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="lazy_sgd(lazy='exact')"))
         t = state.count
 
         def leaf(path, g, m, last, p):
+            check_inexact(path, g)
             check_like(path, g, p)
+            if m is not None:
+                check_like(path, g, m, _TRACE)
+            check_state_shape(path, p, last, _LAST, rows=True)
             if is_rowsparse(g):
                 idx = g.indices
                 w = gather_rows(p, idx)
@@ -204,8 +216,9 @@ def exact_lazy_sgd(
             m = None if m is None else m_new.astype(m.dtype)
             return u, m, jnp.full_like(last, t + 1)
 
+        names = ("updates", "state.trace", "state.last_step", "params")
         updates, trace, last = map_updates(
-            leaf, updates, state.trace, state.last_step, params, n_out=3
+            leaf, updates, state.trace, state.last_step, params, n_out=3, names=names
         )
         count = optax.safe_increment(state.count)
         return updates, ExactLazySgdState(count, trace, last, hparams)
@@ -230,6 +243,10 @@ def flush(params: Any, state: Any) -> tuple[Any, Any]:
     Returns:
       ``(params, state)`` with every row current.
 
+    Raises:
+      ValueError: ``state`` contains no exact-SGD state, or its arrays do not
+        fit ``params`` (structure or shapes).
+
     Example:
       >>> import jaxsparse_rows as jsr, jax.numpy as jnp
       >>> opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
@@ -243,17 +260,18 @@ def flush(params: Any, state: Any) -> tuple[Any, Any]:
       >>> w[:, 0]
       Array([-0.15, -0.1 ], dtype=float32)
     """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: x is None)
+    paths = [jax.tree_util.keystr(path) for path, _ in flat]
+    flat_p = [p for _, p in flat]
     new_nodes = {}
-    for node in _exact_nodes(state):
-        t = node.count
-        flat_p, treedef = jax.tree.flatten(params, is_leaf=lambda x: x is None)
-        flat_m = treedef.flatten_up_to(node.trace)
-        flat_last = treedef.flatten_up_to(node.last_step)
+    for node in _exact_nodes(state, "flush"):
+        flat_m, flat_last = _node_leaves(treedef, node, "params")
         for i, (p, m, last) in enumerate(zip(flat_p, flat_m, flat_last, strict=True)):
             if p is None or isinstance(last, optax.MaskedNode):
                 continue
+            _check_node_leaf(paths[i], p, m, last)
             flat_p[i], flat_m[i], flat_last[i] = _flush_leaf(
-                jnp.asarray(p), m, last, t, node.hparams
+                jnp.asarray(p), m, last, node.count, node.hparams
             )
         params = treedef.unflatten(flat_p)
         trace = treedef.unflatten(flat_m)
@@ -266,9 +284,32 @@ def _is_exact(x: Any) -> bool:
     return isinstance(x, ExactLazySgdState)
 
 
-def _exact_nodes(state: Any) -> list[ExactLazySgdState]:
-    """Every exact-SGD state inside ``state`` (a chain's tuple, multi_transform's...)."""
-    return [x for x in jax.tree.leaves(state, is_leaf=_is_exact) if _is_exact(x)]
+def _exact_nodes(state: Any, name: str) -> list[ExactLazySgdState]:
+    """Every exact-SGD state inside ``state`` (a chain's tuple, multi_transform's...);
+    a ValueError naming ``name`` when there is none."""
+    nodes = [x for x in jax.tree.leaves(state, is_leaf=_is_exact) if _is_exact(x)]
+    if not nodes:
+        raise ValueError(
+            f'`{name}` needs the state of `lazy_sgd(..., lazy="exact")` (or a tree containing '
+            "it, such as a chain's state), but `state` contains no ExactLazySgdState: got "
+            f"{short_tree(jax.tree.structure(state))}."
+        )
+    return nodes
+
+
+def _node_leaves(treedef: Any, node: ExactLazySgdState, name: str) -> tuple[list, list]:
+    """``node.trace`` and ``node.last_step`` flattened up to ``treedef`` (of ``name``)."""
+    hint = " `state` must be the one `init` returned for these parameters."
+    flat_m = flatten_like(treedef, node.trace, (name, "state.trace"), hint)
+    flat_last = flatten_like(treedef, node.last_step, (name, "state.last_step"), hint)
+    return flat_m, flat_last
+
+
+def _check_node_leaf(path: str, p: Any, m: Any, last: Any) -> None:
+    """The momentum buffer and step counter of one parameter must fit it."""
+    if m is not None:
+        check_state_shape(path, p, m, _TRACE)
+    check_state_shape(path, p, last, _LAST, rows=True)
 
 
 def _replace_nodes(state: Any, new_nodes: dict) -> Any:
@@ -317,6 +358,10 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
     Returns:
       ``(params, state)`` with those rows current.
 
+    Raises:
+      ValueError: ``state`` contains no exact-SGD state, or its arrays do not
+        fit ``params`` (structure or shapes), or ``ids`` do not fit ``params``.
+
     Example:
       >>> import jaxsparse_rows as jsr, jax.numpy as jnp
       >>> opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact")
@@ -340,10 +385,13 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
             f"array or None per parameter; got ids {ids_def} for params "
             f"{jax.tree.structure(params)}."
         ) from e
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_leaves_with_path(ids, is_leaf=is_none)
+    ]
     new_nodes = {}
-    for node in _exact_nodes(state):
-        flat_m = ids_def.flatten_up_to(node.trace)
-        flat_last = ids_def.flatten_up_to(node.last_step)
+    for node in _exact_nodes(state, "catch_up"):
+        flat_m, flat_last = _node_leaves(ids_def, node, "ids")
         for j, i in enumerate(flat_ids):
             last = flat_last[j]
             if i is None or flat_p[j] is None or isinstance(last, optax.MaskedNode):
@@ -353,6 +401,7 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
                     "each id array in `ids` must stand for one parameter array; at "
                     f"position {j} it stands for {jax.tree.structure(flat_p[j])}."
                 )
+            _check_node_leaf(paths[j], flat_p[j], flat_m[j], last)
             flat_p[j], flat_m[j], flat_last[j] = _catch_up_leaf(
                 flat_p[j], flat_m[j], last, i, node.count, node.hparams
             )

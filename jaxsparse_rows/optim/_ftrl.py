@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._hparams import NONNEG, POSITIVE, check_learning_rate, check_number
 from ._tree import (
     PARAMS_REQUIRED,
     apply_rule,
     check_dense_params,
+    check_state,
     map_updates,
     zeros_like_params,
 )
@@ -56,10 +58,10 @@ def lazy_ftrl(
     zero, as MXNet initialises FTRL models) lazy equals dense up to float rounding.
 
     Args:
-      learning_rate: a float or an optax schedule.
-      lamda1: L1 strength (weights with ``|z| <= lamda1`` are exactly zero).
-      beta: the FTRL ``beta`` (added to ``sqrt(n)``).
-      weight_decay: L2 strength (added to the denominator).
+      learning_rate: a float > 0 or an optax schedule.
+      lamda1: L1 strength (>= 0; weights with ``|z| <= lamda1`` are exactly zero).
+      beta: the FTRL ``beta`` (>= 0, added to ``sqrt(n)``).
+      weight_decay: L2 strength (>= 0, added to the denominator).
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -72,6 +74,9 @@ def lazy_ftrl(
       >>> print(jsr.optim.apply_updates(w, u)[:, 0])
       [ 0.     -0.0495  0.    ]
     """
+    check_learning_rate(learning_rate, POSITIVE, why=" (FTRL divides by it)")
+    for name, value in (("lamda1", lamda1), ("beta", beta), ("weight_decay", weight_decay)):
+        check_number(name, value, NONNEG)
 
     def init_fn(params):
         check_dense_params(params, "lazy_ftrl")
@@ -82,6 +87,7 @@ def lazy_ftrl(
         )
 
     def update_fn(updates, state, params=None):
+        check_state(state, LazyFtrlState, "lazy_ftrl")
         if params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="lazy_ftrl"))
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
@@ -101,7 +107,8 @@ def lazy_ftrl(
             u, (z, n) = apply_rule(path, g, [z, n], p, rule, lazy=True)
             return u, z, n
 
-        updates, z, n = map_updates(leaf, updates, state.z, state.n, params, n_out=3)
+        names = ("updates", "state.z", "state.n", "params")
+        updates, z, n = map_updates(leaf, updates, state.z, state.n, params, n_out=3, names=names)
         return updates, LazyFtrlState(optax.safe_increment(state.count), z, n)
 
     return optax.GradientTransformation(init_fn, update_fn)

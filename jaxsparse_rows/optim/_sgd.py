@@ -9,13 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ._hparams import NONNEG, check_clip, check_flag, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
     PARAMS_REQUIRED,
     apply_rule,
-    check_clip,
     check_dense_params,
     check_like,
+    check_state,
     known_one,
     known_zero,
     map_updates,
@@ -37,6 +38,17 @@ class ScaleByLazySgdState(NamedTuple):
 def _check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> None:
     if not any(type(lazy) is type(a) and lazy == a for a in allowed):
         raise ValueError(f"`lazy` must be one of {allowed} for `{name}`, got {lazy!r}.")
+
+
+def check_sgd_hparams(
+    momentum: Any, nesterov: Any, weight_decay: Any, rescale_grad: Any, clip_gradient: Any
+) -> bool:
+    """Checks SGD's hyperparameters (see :mod:`._hparams`); returns ``nesterov``."""
+    check_number("momentum", momentum, NONNEG, none_ok=True)
+    check_number("weight_decay", weight_decay, none_ok=True)
+    check_number("rescale_grad", rescale_grad)
+    check_clip(clip_gradient)
+    return check_flag("nesterov", nesterov)
 
 
 def _no_buffer(momentum: Any) -> bool:
@@ -71,9 +83,9 @@ def scale_by_lazy_sgd(
         u_r = m_r                          # or g + momentum * m_r with nesterov
 
     Args:
-      momentum: momentum decay. ``None`` or a Python / NumPy scalar 0 disables
-        the momentum buffer; a JAX array keeps it even when 0 (so a momentum
-        injected by ``optax.inject_hyperparams`` can be raised later).
+      momentum: momentum decay (>= 0). ``None`` or a Python / NumPy scalar 0
+        disables the momentum buffer; a JAX array keeps it even when 0 (so a
+        momentum injected by ``optax.inject_hyperparams`` can be raised later).
       nesterov: Nesterov momentum, as ``optax.trace(nesterov=True)``.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
       rescale_grad: factor applied to the gradient before clipping.
@@ -96,7 +108,7 @@ def scale_by_lazy_sgd(
       (Array([[3.]], dtype=float32), Array([0., 3., 0.], dtype=float32))
     """
     _check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
-    check_clip(clip_gradient)
+    nesterov = check_sgd_hparams(momentum, nesterov, weight_decay, rescale_grad, clip_gradient)
     decay = not known_zero(weight_decay)
 
     def init_fn(params):
@@ -120,6 +132,7 @@ def scale_by_lazy_sgd(
         return u, [m]
 
     def update_fn(updates, state, params=None):
+        check_state(state, ScaleByLazySgdState, "scale_by_lazy_sgd")
         if decay and params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="lazy SGD with weight_decay"))
 
@@ -131,7 +144,8 @@ def scale_by_lazy_sgd(
             u, new = apply_rule(path, g, states, w, rule, lazy=lazy)
             return u, (new[0] if new else None)
 
-        updates, trace = map_updates(leaf, updates, state.trace, params, n_out=2)
+        names = ("updates", "state.trace", "params")
+        updates, trace = map_updates(leaf, updates, state.trace, params, n_out=2, names=names)
         return updates, ScaleByLazySgdState(trace=trace)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -158,8 +172,8 @@ def lazy_sgd(
 
     Args:
       learning_rate: a float or an optax schedule.
-      momentum: momentum decay. ``None`` or a Python / NumPy scalar 0 disables
-        the momentum buffer; a JAX array keeps it even when 0 (see
+      momentum: momentum decay (>= 0). ``None`` or a Python / NumPy scalar 0
+        disables the momentum buffer; a JAX array keeps it even when 0 (see
         :func:`scale_by_lazy_sgd`).
       nesterov: Nesterov momentum.
       weight_decay: coupled (L2) weight decay; needs ``params`` in ``update``.
@@ -183,6 +197,7 @@ def lazy_sgd(
              [0.96, 0.95],
              [1.  , 1.  ]], dtype=float32)
     """
+    check_learning_rate(learning_rate)
     if isinstance(lazy, str) or not isinstance(lazy, bool):
         _check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
         from ._exact import exact_lazy_sgd

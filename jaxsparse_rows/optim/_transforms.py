@@ -12,10 +12,19 @@ import optax
 
 from .._csr import CSR
 from .._rowsparse import RowSparse
+from ._hparams import (
+    ABOVE_ZERO,
+    check_flag,
+    check_learning_rate,
+    check_number,
+    check_transformation,
+)
 from ._tree import (
     PARAMS_REQUIRED,
     abs_sq,
+    check_inexact,
     check_like,
+    check_state,
     gather_rows,
     is_rowsparse,
     known_zero,
@@ -31,7 +40,11 @@ def _scale_leaf(u: Any, factor: jax.Array) -> Any:
 
 
 def _tree_scale(updates: Any, factor: jax.Array) -> Any:
-    return map_updates(lambda _, u: (_scale_leaf(u, factor),), updates, n_out=1)[0]
+    def leaf(path, u):
+        check_inexact(path, u)
+        return (_scale_leaf(u, factor),)
+
+    return map_updates(leaf, updates, n_out=1)[0]
 
 
 class ScaleByLearningRateState(NamedTuple):
@@ -53,8 +66,11 @@ def scale_by_learning_rate(
     schedule the state counts the calls (one global count, advanced on every
     call whatever rows the gradient lists).
 
+    Integer and bool updates are refused (``TypeError``): the learning rate
+    would be cast to their dtype.
+
     Args:
-      learning_rate: a float or an ``optax.Schedule``.
+      learning_rate: a finite float (or a 0-d array) or an ``optax.Schedule``.
       flip_sign: multiply by ``-learning_rate`` (descent) when True.
 
     Returns:
@@ -68,7 +84,8 @@ def scale_by_learning_rate(
       >>> u.data, u.indices
       (Array([[-0.5, -1. ]], dtype=float32), Array([1], dtype=int32))
     """
-    sign = -1.0 if flip_sign else 1.0
+    check_learning_rate(learning_rate)
+    sign = -1.0 if check_flag("flip_sign", flip_sign) else 1.0
     if callable(learning_rate):
 
         def init_sched(params):
@@ -77,6 +94,7 @@ def scale_by_learning_rate(
 
         def update_sched(updates, state, params=None):
             del params
+            check_state(state, ScaleByLearningRateState, "scale_by_learning_rate")
             step = sign * learning_rate(state.count)
             out = _tree_scale(updates, step)
             return out, ScaleByLearningRateState(optax.safe_increment(state.count))
@@ -100,8 +118,8 @@ def add_decayed_weights(
     and every row is decayed, as ``optax.add_decayed_weights`` does.
 
     Args:
-      weight_decay: the decay coefficient.
-      lazy: decay only the listed rows of RowSparse updates.
+      weight_decay: the decay coefficient (a finite number, or None: off).
+      lazy: decay only the listed rows of RowSparse updates (a bool).
 
     Returns:
       An ``optax.GradientTransformation`` (needs ``params`` in ``update``).
@@ -115,6 +133,8 @@ def add_decayed_weights(
       array([[2., 2.],
              [0., 0.]], dtype=float32)
     """
+    check_number("weight_decay", weight_decay, none_ok=True)
+    lazy = check_flag("lazy", lazy)
 
     def update_fn(updates, state, params=None):
         if known_zero(weight_decay):
@@ -132,7 +152,7 @@ def add_decayed_weights(
                 u = u.todense()
             return (u + weight_decay * p,)
 
-        return map_updates(leaf, updates, params, n_out=1)[0], state
+        return map_updates(leaf, updates, params, n_out=1, names=("updates", "params"))[0], state
 
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
@@ -196,8 +216,11 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     rows (padding slots are ignored) and are scaled on ``data`` only, keeping
     ``indices``.
 
+    Integer and bool updates are refused (``TypeError``): the scaled values
+    would be truncated.
+
     Args:
-      max_norm: the largest allowed global norm.
+      max_norm: the largest allowed global norm (> 0).
 
     Returns:
       A stateless ``optax.GradientTransformation``.
@@ -210,6 +233,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
       >>> u["emb"].data, u["emb"].indices
       (Array([[0.6, 0.8]], dtype=float32), Array([1], dtype=int32))
     """
+    check_number("max_norm", max_norm, ABOVE_ZERO)
 
     def update_fn(updates, state, params=None):
         del params
@@ -217,7 +241,8 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
         g_norm = global_norm(updates)
         trigger = g_norm < max_norm
 
-        def clip(_, u):
+        def clip(path, u):
+            check_inexact(path, u)
             data = u.data if is_rowsparse(u) else u
             out = jnp.where(trigger, data, (data / g_norm.astype(data.dtype)) * max_norm)
             out = out.astype(data.dtype)
@@ -258,6 +283,7 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
       >>> u.data, u.indices
       (Array([[-1.,  2.]], dtype=float32), Array([2], dtype=int32))
     """
+    check_transformation("inner", inner)
 
     def init_fn(params):
         state = inner.init(params)
@@ -279,7 +305,7 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
                 return u.data, rows
             return u, p
 
-        data, rows = map_updates(split, updates, params, n_out=2)
+        data, rows = map_updates(split, updates, params, n_out=2, names=("updates", "params"))
         new_data, state = inner.update(data, state, None if params is None else rows)
 
         def join(_, u, d):
@@ -288,7 +314,8 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
                 return (RowSparse._make(d, u.indices, u.shape),)
             return (d,)
 
-        return map_updates(join, updates, new_data, n_out=1)[0], state
+        names = ("updates", "inner.update's updates")
+        return map_updates(join, updates, new_data, n_out=1, names=names)[0], state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -349,11 +376,13 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
       >>> jsr.optim.apply_updates(w, u)[:, 0], state.skipped
       (Array([1., 1., 1.], dtype=float32), Array(1, dtype=int32))
     """
+    check_transformation("inner", inner)
 
     def init_fn(params):
         return SkipNonfiniteState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def update_fn(updates, state, params=None):
+        check_state(state, SkipNonfiniteState, "skip_nonfinite")
         finite = _all_finite(updates)
 
         def run(inner_state):

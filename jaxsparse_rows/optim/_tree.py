@@ -43,18 +43,6 @@ def abs_sq(g: jax.Array) -> jax.Array:
     return jnp.square(g)
 
 
-def check_clip(clip_gradient: Any) -> None:
-    """``clip_gradient`` must be None (off) or positive; MXNet's ``-1`` (off)
-    would clip every element to ``[1, -1]``, i.e. to ``-1``."""
-    if clip_gradient is None or isinstance(clip_gradient, jax.core.Tracer):
-        return
-    if not float(clip_gradient) > 0:
-        raise ValueError(
-            f"`clip_gradient` must be > 0, or None to turn clipping off, got {clip_gradient!r} "
-            "(MXNet's `clip_gradient=-1` means off: pass None)."
-        )
-
-
 def is_rowsparse(x: Any) -> bool:
     """True for a :class:`~jaxsparse_rows.RowSparse` leaf."""
     return isinstance(x, RowSparse)
@@ -69,31 +57,64 @@ def path_name(path: str) -> str:
     return f"params{path}"
 
 
+def short_tree(treedef: Any, limit: int = 240) -> str:
+    """A pytree structure for an error message, cut in the middle when long."""
+    text = str(treedef)
+    return text if len(text) <= limit else f"{text[: limit - 60]} ... {text[-50:]}"
+
+
+def flatten_like(treedef: Any, tree: Any, names: Sequence[str], hint: str = "") -> list:
+    """``treedef.flatten_up_to(tree)``, or a ValueError naming both trees.
+
+    ``names`` are the names of the tree ``treedef`` describes and of ``tree``.
+    Only the structures are compared (a Python-level check made once, when
+    the step is traced).
+    """
+    try:
+        return treedef.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        first, second = names
+        other = jax.tree.structure(tree, is_leaf=_is_leaf)
+        raise ValueError(
+            f"`{first}` and `{second}` have different pytree structures: `{first}` is "
+            f"{short_tree(treedef)} but `{second}` is {short_tree(other)}.{hint}"
+        ) from None
+
+
+_TREES_HINT = (
+    " Gradients, optimizer state and parameters must all have the structure of the "
+    "parameters given to `init`."
+)
+
+
 def map_updates(
     fn: Callable[..., tuple[Any, ...]],
     updates: Any,
     *others: Any,
     n_out: int,
+    names: Sequence[str] = (),
 ) -> tuple[Any, ...]:
     """Maps ``fn(path, update_leaf, *other_leaves)`` over the leaves of ``updates``.
 
     RowSparse objects and ``None`` are leaves of ``updates``; every tree in
     ``others`` is flattened up to that structure (a ``None`` other tree gives
-    ``None`` leaves). ``fn`` returns an ``n_out``-tuple; the result is a tuple of
+    ``None`` leaves), and a tree that does not fit raises a ValueError naming
+    it and ``updates`` by ``names`` (the names of ``updates`` and of each of
+    ``others``). ``fn`` returns an ``n_out``-tuple; the result is a tuple of
     ``n_out`` trees with the structure of ``updates``. ``None`` update leaves
     are not passed to ``fn``: they give ``None`` in the first output and the
     other trees' leaves unchanged in the rest.
     """
-    flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=_is_leaf)
+    is_leaf = lambda x: x is None or isinstance(x, SparseOperators)  # noqa: E731
+    flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_leaf)
     for path, leaf in flat:
-        if is_rowsparse(leaf) and leaf.indices.dtype == jax.dtypes.float0:
-            raise TypeError(
-                f"the gradient for `{path_name(jax.tree_util.keystr(path))}` is a "
-                "RowSparse whose row ids are float0: it is the cotangent `jax.grad` / "
-                "`jax.vjp` build for a RowSparse input, not a gradient. Differentiate "
-                "with `jsr.grad` / `jsr.value_and_grad`, which return the row ids."
-            )
-    flat_others = [[None] * len(flat) if o is None else treedef.flatten_up_to(o) for o in others]
+        _check_update_leaf(jax.tree_util.keystr(path), leaf)
+    names = tuple(names) or ("updates",)
+    names += tuple(f"others[{i}]" for i in range(len(names) - 1, len(others)))
+    flat_others = [
+        [None] * len(flat) if o is None else flatten_like(treedef, o, (names[0], n), _TREES_HINT)
+        for o, n in zip(others, names[1:], strict=False)
+    ]
     outs = []
     for i, (path, leaf) in enumerate(flat):
         rest = [fo[i] for fo in flat_others]
@@ -102,6 +123,60 @@ def map_updates(
         else:
             outs.append(tuple(fn(jax.tree_util.keystr(path), leaf, *rest)))
     return tuple(treedef.unflatten([o[j] for o in outs]) for j in range(n_out))
+
+
+def _check_update_leaf(path: str, leaf: Any) -> None:
+    """Refuses RowSparse cotangents (float0 row ids) and CSR gradients."""
+    if is_rowsparse(leaf) and leaf.indices.dtype == jax.dtypes.float0:
+        raise TypeError(
+            f"the gradient for `{path_name(path)}` is a "
+            "RowSparse whose row ids are float0: it is the cotangent `jax.grad` / "
+            "`jax.vjp` build for a RowSparse input, not a gradient. Differentiate "
+            "with `jsr.grad` / `jsr.value_and_grad`, which return the row ids."
+        )
+    if isinstance(leaf, SparseOperators) and not is_rowsparse(leaf):
+        raise TypeError(
+            f"the gradient for `{path_name(path)}` is a {type(leaf).__name__}; gradients "
+            "and updates are dense arrays or RowSparse (parameters are dense)."
+        )
+
+
+def check_inexact(path: str, grad: Any) -> None:
+    """Refuses integer and bool gradients: the learning rate and the rules'
+    arithmetic would be cast to their dtype (``0.5`` to ``0``, ``-0.5`` to ``True``)."""
+    dtype = grad.dtype if is_rowsparse(grad) else jnp.result_type(grad)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(
+            f"the gradient for `{path_name(path)}` has dtype {dtype}, but gradients must be "
+            "floating (or complex), like the parameters: the learning rate and the update "
+            f"would be truncated to {dtype}. Cast the gradient to the parameter's dtype."
+        )
+
+
+def check_state(state: Any, cls: type, name: str) -> None:
+    """Refuses a ``state`` that is not the ``cls`` that ``name``'s ``init`` returns."""
+    if not isinstance(state, cls):
+        got = type(state).__name__
+        if type(state) is tuple:
+            got = f"tuple ({', '.join(type(x).__name__ for x in state)})"
+        raise TypeError(
+            f"`{name}.update` needs the {cls.__name__} its `init` returns as `state`, got a "
+            f"{got}: was the state made by another optimizer, or for another part of a chain?"
+        )
+
+
+def check_state_shape(path: str, param: Any, state: Any, what: str, *, rows: bool = False) -> None:
+    """Raises when a state array does not fit its parameter: shaped like it,
+    or (``rows=True``) one entry per row, ``[V]`` for a ``[V, ...]`` parameter."""
+    pshape = tuple(jnp.shape(param))
+    want = pshape[:1] if rows else pshape
+    got = tuple(jnp.shape(state))
+    if got != want:
+        expected = f" (expected {want})" if rows else ""
+        raise ValueError(
+            f"the parameter `{path_name(path)}` has shape {pshape}, but the {what} has shape "
+            f"{got}{expected}. Pass the state that `init` returned for these parameters."
+        )
 
 
 def check_like(path: str, grad: Any, like: Any, what: str = "parameter") -> None:
@@ -172,6 +247,7 @@ def apply_rule(
     whole arrays. State dtypes are preserved. Shapes are checked against
     ``param`` and (with ``check_states``) against each state array.
     """
+    check_inexact(path, grad)
     check_like(path, grad, param)
     if check_states:
         for s in states:
