@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
@@ -140,6 +141,8 @@ def check_ids(ids: Any, num_rows: int) -> None:
     if num_rows < 0:
         raise ValueError(f"`num_rows` must be >= 0, got {num_rows}.")
     ids = as_int_array(ids, "ids")
+    if jnp.iinfo(ids.dtype).bits < 64:  # compare in a type that holds num_rows
+        ids = ids.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
     message = f"`ids` must lie in [0, {num_rows}) (or equal {num_rows}, the padding id)."
     if ids.size == 0:
         return

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.experimental import checkify
 from jaxpr_walk import all_eqns, big_values, primitive_names
 from kernel_switch import kernels_set
 
@@ -303,3 +304,20 @@ def test_integer_tables_are_refused_and_zero_weight_bags_have_finite_gradients()
         )(jnp.array([[0.0, 0.0, 0.0], [1.0, 2.0, 0.0]]))
         assert np.all(np.isfinite(np.asarray(grad))), (mode, grad)
         np.testing.assert_array_equal(np.asarray(grad[0]), 0.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16])
+def test_narrow_id_dtypes_do_not_wrap_the_row_count(dtype, jit_mode):
+    """`ids < V` was compared in the ids' dtype: with int8 ids and V = 300, V
+    wrapped to 44 and every id from 44 up was skipped as padding."""
+    v = 300 if jnp.iinfo(dtype).max < 300 else 70000
+    table = jnp.arange(v * 2, dtype=jnp.float32).reshape(v, 2)
+    big = min(100, int(jnp.iinfo(dtype).max)) if v == 300 else 5000
+    ids = np.array([[1, 2], [3, big]])
+    got = jit_mode(lambda i: jsr.embedding_bag(table, i, mode="sum", padding_id=2))(
+        jnp.asarray(ids, dtype)
+    )
+    want = np.asarray(table)[[1]].sum(0), np.asarray(table)[[3, big]].sum(0)
+    np.testing.assert_array_equal(got, np.stack(want))
+    err, _ = jax.jit(checkify.checkify(lambda i: jsr.check_ids(i, v)))(jnp.asarray(ids, dtype))
+    err.throw()
