@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._util import explicit_spec, fit_ids, jitted_impl, zeros_rows
+from ._util import explicit_spec, fit_ids, jitted_impl, replicated, zeros_rows
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -161,6 +161,10 @@ def _gather_transpose(ct, table, ids, *, ids_sorted, native):
     aval = table.aval
     if type(ct) is ad.Zero:
         return [ad.Zero(aval), None]
+    # The primitive only runs on operands not sharded over explicit mesh axes,
+    # so its output was replicated; a cotangent that a batch-sharded factor
+    # made sharded (labels, weights) is gathered back first.
+    ct = replicated(ct)
     return [sum_rows(ct, ids, aval.shape[0], ids_sorted=ids_sorted).astype(aval.dtype), None]
 
 
@@ -171,6 +175,7 @@ def _sum_transpose(ct, rows, ids, *, n, ids_sorted, native):
     aval = rows.aval
     if type(ct) is ad.Zero:
         return [ad.Zero(aval), None]
+    ct = replicated(ct)  # as in _gather_transpose
     return [gather(ct, ids, ids_sorted=ids_sorted).astype(aval.dtype), None]
 
 

@@ -33,21 +33,26 @@ def train(mesh=None, spec=None, ids_spec=None):
     state = opt.init(params)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 600, 1], [0, 2, 2, 3]), shape=(3, ROWS))
 
-    def loss(view, ids):
-        return jnp.sum(jnp.tanh(jsr.take(view["emb"], ids).sum(1) @ view["w"]))
+    def loss(view, ids, y):
+        # Per-example weights sharded like the ids make the cotangent of the
+        # lookups batch-sharded too (their transpose failed on it).
+        looked_up = jsr.take(view["emb"], ids).sum(1) + jsr.embedding_bag(view["emb"], ids)
+        return jnp.sum(jnp.tanh(looked_up @ view["w"]) * y)
 
     @jax.jit
-    def step(p, s, ids):
+    def step(p, s, ids, y):
         view = dict(p, emb=jsr.pull_rows(p["emb"], ids))
-        _, g = jsr.value_and_grad(loss)(view, ids)
+        _, g = jsr.value_and_grad(loss)(view, ids, y)
         u, s = opt.update(g, s, p)
         return jsr.optim.apply_updates(p, u), s, g["emb"].data
 
     ids = jnp.array(IDS)
+    y = jnp.arange(1.0, len(IDS) + 1.0)
     if ids_spec is not None:
         ids = jax.device_put(ids, NamedSharding(mesh, ids_spec))
-    for batch in (ids, ids[::-1]):
-        params, state, g_data = step(params, state, batch)
+        y = jax.device_put(y, NamedSharding(mesh, jax.sharding.PartitionSpec(ids_spec[0])))
+    for batch, weights in ((ids, y), (ids[::-1], y[::-1])):
+        params, state, g_data = step(params, state, batch, weights)
     return params, state, g_data, jax.jit(jsr.dot)(x, params["emb"])
 
 

@@ -624,7 +624,7 @@ for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", 
     want = tuple(spec) + (None,) * (2 - len(spec))
     print(_spec(p["emb"]) == _spec(s[0].mu["emb"]) == want,
           _spec(g)[1] == want[1],
-          all(np.allclose(a, b, rtol=1e-6)
+          all(np.allclose(a, b, rtol=1e-6, atol=1e-6)
               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))),
           float(np.abs(np.asarray(p["emb"]) - np.asarray(table)).max()) > 0)
     if ids_spec is None:
