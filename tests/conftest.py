@@ -58,3 +58,19 @@ def kernels(request):
         pytest.skip("native kernels not built here")
     with kernels_set(request.param == "native"):
         yield request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """``JSR_TEST_SHARD=i/n`` keeps every n-th test from the i-th: ``make test``
+    runs two shards at once, one per core of CI's 2-core machine (pytest-xdist
+    is not a test dependency). Round-robin over the collected order keeps the
+    shards' work even; together they run every test exactly once."""
+    shard = os.environ.get("JSR_TEST_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"JSR_TEST_SHARD must be i/n with 0 <= i < n, got {shard!r}")
+    kept = items[index::count]
+    config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i % count != index])
+    items[:] = kept
