@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
@@ -133,23 +132,18 @@ def check_ids(ids: Any, num_rows: int) -> None:
       >>> err.get() is None
       True
     """
-    from ._util import as_int_array
+    from ._rows import _as_ids, _check_id_range
 
     if isinstance(num_rows, bool) or not isinstance(num_rows, int | np.integer):
         raise TypeError(f"`num_rows` must be an int, got {num_rows!r}.")
     num_rows = int(num_rows)
     if num_rows < 0:
         raise ValueError(f"`num_rows` must be >= 0, got {num_rows}.")
-    ids = as_int_array(ids, "ids")
-    if jnp.iinfo(ids.dtype).bits < 64:  # compare in a type that holds num_rows
-        ids = ids.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
-    message = f"`ids` must lie in [0, {num_rows}) (or equal {num_rows}, the padding id)."
+    ids = _as_ids(ids)  # widened: `ids <= num_rows` cannot wrap num_rows
     if ids.size == 0:
         return
     if is_concrete(ids):
-        arr = np.asarray(ids)
-        bad = (arr < 0) | (arr > num_rows)
-        if np.any(bad):
-            raise ValueError(f"{message[:-1]}, got {int(arr[bad][0])}.")
+        _check_id_range(ids, num_rows, "ids")  # the eager check of take & co.
         return
+    message = f"`ids` must lie in [0, {num_rows}) (or equal {num_rows}, the padding id)."
     checkify.check(jnp.all((ids >= 0) & (ids <= num_rows)), message)

@@ -14,7 +14,7 @@ from jax.typing import ArrayLike
 
 from ._rows import _as_ids, _check_id_range, take
 from ._rowsparse import RowSparse
-from ._util import index_dtype, is_concrete
+from ._util import is_concrete
 
 MODES = ("sum", "mean", "sqrtn", "max")
 
@@ -79,9 +79,7 @@ def embedding_bag(
     """
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    ids = _as_ids(ids)
-    if jnp.iinfo(ids.dtype).bits < jnp.iinfo(index_dtype()).bits:
-        ids = ids.astype(index_dtype())  # int8 ids against V = 300 would wrap V
+    ids = _as_ids(ids)  # widened: `ids < n` below cannot wrap n
     if ids.ndim == 0:
         raise ValueError("`ids` must have at least one axis (the bag axis, last), got a scalar.")
     if not isinstance(table, RowSparse):

@@ -15,11 +15,23 @@ from ._operators import SparseOperators
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
 from ._rowsparse import RowSparse
-from ._util import as_int_array, capacity_check, check_static_int, is_concrete, zeros_rows
+from ._util import (
+    as_int_array,
+    capacity_check,
+    check_static_int,
+    index_dtype,
+    is_concrete,
+    zeros_rows,
+)
 
 
 def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
-    return as_int_array(ids, name)
+    """``ids`` as an integer array at least as wide as the index dtype, so that
+    comparing them with the row count cannot wrap it (int8 ids against V = 300)."""
+    ids = as_int_array(ids, name)
+    if jnp.iinfo(ids.dtype).bits < jnp.iinfo(index_dtype()).bits:
+        ids = ids.astype(index_dtype())
+    return ids
 
 
 def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
