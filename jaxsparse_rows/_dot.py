@@ -13,7 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import _native
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids
-from ._ids import coalesce_rows, slots_in
+from ._ids import coalesce_rows, slots_in, unique_with_slots
 from ._kernel_call import on_cpu
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
@@ -231,7 +231,25 @@ def _csr_t_dense_native(vals, cols, rows, table, k):
     """:func:`_csr_t_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
     # Both branches must return the RowSparse index dtype.
     cols, rows = cols.astype(index_dtype()), rows.astype(index_dtype())
-    return on_cpu(_native.csr_t_dense_call, _csr_t_dense_xla, vals, cols, rows, table, k=k)
+    return on_cpu(
+        _native.csr_t_dense_call,
+        _csr_t_dense_xla,
+        vals,
+        cols,
+        rows,
+        table,
+        k=k,
+        known_outputs=_csr_t_dense_indices,
+    )
+
+
+def _csr_t_dense_indices(vals, cols, rows, table, k):
+    """``[indices, None]``: the result's row ids alone, which depend on the
+    column ids only (for ``jax.linear_transpose`` with respect to ``vals`` or
+    ``table``, which are then ``None``)."""
+    del vals, rows, table
+    uniq, _, _ = unique_with_slots(cols, k, min(cols.shape[0], k))
+    return [uniq, None]
 
 
 def _csr_t_dense_native_jvp(k, primals, tangents):

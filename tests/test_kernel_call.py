@@ -84,3 +84,44 @@ def test_linear_transpose_and_krylov_solvers_through_kernel_products():
     sol = gmres(lambda v: jsr.dot(x, v) + v, jnp.ones(3))[0]
     want = np.linalg.solve(xd + np.eye(3), np.ones(3))
     np.testing.assert_allclose(sol, want, rtol=1e-4, atol=1e-5)
+
+
+def test_linear_transpose_of_the_transposed_product():
+    """``dot(csr, dense, transpose_a=True)`` returns its row ids from the same
+    kernel call as its values. Under ``jax.linear_transpose`` with the kernels
+    on, those ids were linear (unknown), and a ``todense`` scatter indexed by
+    them failed inside JAX. The call now computes the ids from the column ids
+    alone, as known values. Checked against the dense transpose ``X @ ct``
+    (for the dense operand) and the entries' ``(x_col . ct) * d_row`` sums
+    (for the values), with a padding entry past ``indptr[-1]`` and a repeated
+    column, eagerly and under jit."""
+    x = jsr.CSR(
+        jnp.array([1.0, 2.0, 3.0, 4.0, 0.0]),
+        jnp.array([0, 4, 1, 4, 6], jnp.int32),
+        jnp.array([0, 2, 2, 4], jnp.int32),
+        (3, 6),
+    )
+    xd = np.asarray(x.todense())
+    rng = np.random.default_rng(0)
+    d = jnp.asarray(rng.standard_normal((3, 2)), jnp.float32)
+    ct = rng.standard_normal((6, 2)).astype(np.float32)
+
+    def wrt_dense(v):
+        return jsr.dot(x, v, transpose_a=True).todense()
+
+    def wrt_values(vals):
+        return jsr.dot(jsr.CSR(vals, x.indices, x.indptr, x.shape), d, transpose_a=True).todense()
+
+    rows = np.repeat(np.arange(3), np.diff(np.asarray(x.indptr)))
+    cols = np.asarray(x.indices)[: len(rows)]
+    want_vals = np.zeros(5, np.float32)
+    want_vals[: len(rows)] = np.sum(ct[cols] * np.asarray(d)[rows], axis=1)
+    for on in (True, False):
+        with kernels_set(on):
+            for wrap in (lambda f: f, jax.jit):
+                got = wrap(lambda c: jax.linear_transpose(wrt_dense, d)(c)[0])(jnp.asarray(ct))
+                np.testing.assert_allclose(got, xd @ ct, rtol=1e-5, atol=1e-6)
+                got = wrap(lambda c: jax.linear_transpose(wrt_values, x.data)(c)[0])(
+                    jnp.asarray(ct)
+                )
+                np.testing.assert_allclose(got, want_vals, rtol=1e-5, atol=1e-6)
