@@ -20,6 +20,10 @@ CALLS = {
     "keepdims  ": lambda v: jsr.square_sum(A, axis=1, keepdims=v),
     "enabled": lambda v: jsr.set_verbose(v),
     "enabled ": lambda v: jsr.set_native_kernels(v),
+    "nesterov": lambda v: jsr.optim.lazy_sgd(0.1, momentum=0.9, nesterov=v),
+    "nesterov ": lambda v: jsr.optim.lazy_sgd(0.1, momentum=0.9, nesterov=v, lazy="exact"),
+    "lazy": lambda v: jsr.optim.add_decayed_weights(0.1, lazy=v),
+    "flip_sign": lambda v: jsr.optim.scale_by_learning_rate(0.1, flip_sign=v),
 }
 
 
@@ -28,6 +32,15 @@ CALLS = {
 def test_non_bool_flags_are_refused_by_name(name, value):
     with pytest.raises(TypeError, match=rf"`{name.strip()}` must be True or False, got"):
         CALLS[name](value)
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_every_flag_is_refused_with_the_same_message(name):
+    """The optimizers' flags (`nesterov`, `lazy`, `flip_sign`) had a check of
+    their own, which worded the refusal differently ("got 'no' (str)")."""
+    with pytest.raises(TypeError) as info:
+        CALLS[name]("no")
+    assert str(info.value) == f"`{name.strip()}` must be True or False, got str 'no'."
 
 
 def test_bools_and_numpy_bools_still_work():

@@ -249,6 +249,41 @@ def test_nnz_bucket():
     assert nnz_bucket(300, buckets=(64, 256)) == 512  # never loses entries
 
 
+def test_nnz_bucket_takes_buckets_in_any_order_and_as_numpy():
+    assert nnz_bucket(50, buckets=[256, 64, 64]) == 64
+    assert nnz_bucket(np.int64(50), buckets=np.array([256, 64])) == 64
+    assert nnz_bucket(256, buckets=(256, 64)) == 256
+    assert nnz_bucket(0, buckets=[8]) == 8
+    assert nnz_bucket(3, minimum=np.int32(4)) == 4
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,exc,match",
+    [
+        ((5,), {"buckets": 8}, TypeError, r"`buckets` must be None or a sequence.*got int 8"),
+        ((5,), {"buckets": "64"}, TypeError, r"`buckets` must be None or a sequence.*got str"),
+        ((5,), {"buckets": {64}}, TypeError, r"`buckets` must be None or a sequence.*got set"),
+        ((5,), {"buckets": []}, ValueError, r"`buckets` must be None .* or a non-empty seq"),
+        ((5,), {"buckets": [[64]]}, ValueError, r"`buckets` must be a flat sequence"),
+        ((5,), {"buckets": [64, 0]}, ValueError, r"`buckets\[1\]` must be an int >= 1, got 0"),
+        ((5,), {"buckets": [64.0]}, TypeError, r"`buckets\[0\]` must be an int >= 1, got float"),
+        ((5,), {"buckets": [True]}, TypeError, r"`buckets\[0\]` must be an int >= 1, got bool"),
+        ((-1,), {}, ValueError, r"`nnz` must be an int >= 0, got -1"),
+        ((True,), {}, TypeError, r"`nnz` must be an int >= 0, got bool True"),
+        ((2.5,), {}, TypeError, r"`nnz` must be an int >= 0, got float 2.5"),
+        (("5",), {}, TypeError, r"`nnz` must be an int >= 0, got str '5'"),
+        ((5,), {"minimum": 0}, ValueError, r"`minimum` must be an int >= 1, got 0"),
+        ((5,), {"minimum": None}, TypeError, r"`minimum` must be an int >= 1, got NoneType"),
+        ((5,), {"minimum": np.bool_(True)}, TypeError, r"`minimum` must be an int >= 1, got"),
+    ],
+)
+def test_nnz_bucket_checks_its_arguments(args, kwargs, exc, match):
+    """`buckets=8` raised "'int' object is not iterable", `nnz=-1` and
+    `minimum=0` were accepted, and `buckets=[]` meant None."""
+    with pytest.raises(exc, match=match):
+        nnz_bucket(*args, **kwargs)
+
+
 def batches_to_dense(batches, k):
     xs, ys = [], []
     for b in batches:
@@ -445,6 +480,8 @@ def test_chunked_parse_matches_whole_file(tmp_path, rng):
         ({"seed": -1}, ValueError, r"`seed` must be an int >= 0, got -1"),
         ({"nnz_buckets": 8}, TypeError, r"`nnz_buckets` must be None or a sequence.*got int 8"),
         ({"nnz_buckets": "16"}, TypeError, r"`nnz_buckets` must be None or a sequence"),
+        ({"nnz_buckets": [16.5]}, TypeError, r"`nnz_buckets\[0\]` must be an int >= 1"),
+        ({"nnz_buckets": [16, -2]}, ValueError, r"`nnz_buckets\[1\]` must be an int >= 1"),
     ],
 )
 def test_csriter_checks_shuffle_seed_and_buckets_at_construction(kwargs, exc, match):

@@ -9,6 +9,7 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.experimental import checkify
 from test_optim_common import grad_sequence, run_steps
 
 import jaxsparse_rows as jsr
@@ -224,9 +225,9 @@ def test_catch_up_bad_input():
     s = opt.init({"emb": w})
     with pytest.raises(ValueError, match=r"`ids` must have the structure of `params`"):
         jsr.optim.catch_up({"emb": w}, s, {"other": jnp.array([0])})
-    with pytest.raises(ValueError, match=r"`ids` must lie in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"`ids\['emb'\]` must lie in \[0, 4\)"):
         jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.array([7])})
-    with pytest.raises(TypeError, match="`ids` must have an integer dtype"):
+    with pytest.raises(TypeError, match=r"`ids\['emb'\]` must have an integer dtype"):
         jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.array([0.5])})
     # Empty ids: nothing to do, nothing changed.
     out, s2 = jsr.optim.catch_up({"emb": w}, s, {"emb": jnp.zeros((0,), jnp.int32)})
@@ -235,3 +236,65 @@ def test_catch_up_bad_input():
     st_adam = jsr.optim.lazy_adam(0.1).init({"emb": w})
     with pytest.raises(ValueError, match="contains no ExactLazySgdState"):
         jsr.optim.catch_up({"emb": w}, st_adam, {"emb": jnp.array([1])})
+
+
+def _stale_exact_state(v=6, d=2, wrap=lambda x: x):
+    """Exact-SGD parameters ``wrap(w)`` whose rows 1..v-1 owe different numbers
+    of skipped steps (row 0 is current), their state, and what `flush` makes
+    of them."""
+    opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, weight_decay=0.1, lazy="exact")
+    w = wrap(jnp.asarray(np.random.default_rng(5).normal(size=(v, d)), jnp.float32))
+    s = opt.init(w)
+    for r in [*range(v), 0, 0, 0]:
+        g = wrap(jsr.RowSparse(jnp.ones((1, d)), [r], shape=(v, d)))
+        u, s = opt.update(g, s, w)
+        w = jsr.optim.apply_updates(w, u)
+    flushed, _ = jsr.optim.flush(w, s)
+    return w, s, flushed
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint8", "uint32"])
+def test_catch_up_under_jit_ignores_out_of_range_ids_as_padding(dtype):
+    """Eagerly an id outside [0, V] is refused; under jit it cannot be seen and
+    is treated as padding, as by `take` and `pull_rows`: it touches no row
+    (a negative id is not wrapped to row V - 1), and the valid ids beside it
+    are caught up as usual. Checked against a numpy oracle of which rows move."""
+    v = 6
+    w, s, flushed = _stale_exact_state(v)
+    stale = ~np.isclose(np.asarray(flushed), np.asarray(w)).all(axis=1)
+    np.testing.assert_array_equal(stale, [False] + [True] * (v - 1))  # a catch-up shows
+    fn = jax.jit(jsr.optim.catch_up)
+    info = np.iinfo(dtype)
+    cases = [[-1], [-v], [v], [v + 1], [info.max], [info.min], [-1, 3, 7, 3], [2, -5, 6, 4]]
+    for raw in cases:
+        ids = np.asarray(raw).astype(dtype)  # wraps negatives for unsigned dtypes, as a user's cast
+        got, s2 = fn(w, s, jnp.asarray(ids))
+        rows = ids.astype(np.int64)
+        touched = np.zeros(v, bool)
+        touched[rows[(rows >= 0) & (rows < v)]] = True
+        want = np.where(touched[:, None], np.asarray(flushed), np.asarray(w))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=str(ids))
+        last = np.where(touched, int(s.count), np.asarray(s.last_step))
+        np.testing.assert_array_equal(np.asarray(s2.last_step), last, err_msg=str(ids))
+        trace = np.asarray(s2.trace)[~touched]
+        np.testing.assert_array_equal(trace, np.asarray(s.trace)[~touched], err_msg=str(ids))
+
+
+def test_catch_up_out_of_range_ids_are_refused_eagerly_and_found_by_checkify():
+    params, s, _ = _stale_exact_state(4, wrap=lambda x: {"emb": x})
+    w = params["emb"]
+    state = (optax.EmptyState(), s)  # inside a chain's state
+    for bad in ([-1], [0, 5], [[1, 2], [-3, 0]]):
+        with pytest.raises(ValueError, match=r"`ids\['emb'\]` must lie in \[0, 4\)"):
+            jsr.optim.catch_up(params, state, {"emb": jnp.asarray(bad)})
+
+    def step(params, state, ids):
+        jsr.check_ids(ids["emb"], params["emb"].shape[0])
+        return jsr.optim.catch_up(params, state, ids)
+
+    checked = checkify.checkify(jax.jit(step))
+    err, (got, _) = checked(params, state, {"emb": jnp.array([-1, -4])})
+    assert "`ids` must lie in [0, 4) (or equal 4, the padding id)" in err.get()
+    np.testing.assert_array_equal(np.asarray(got["emb"]), np.asarray(w))  # nothing moved
+    err, _ = checked(params, state, {"emb": jnp.array([1, 4])})
+    assert err.get() is None

@@ -98,18 +98,18 @@ BAD_TYPES = [
     (lambda: optim.lazy_sgd(0.1, clip_gradient="1"), "clip_gradient", r"'1' \(str\)"),
     (lambda: optim.lazy_sgd(0.1, clip_gradient=jnp.array([1.0, 2.0])), "clip_gradient", "shape"),
     (lambda: optim.lazy_sgd(0.1, rescale_grad=None), "rescale_grad", "None"),
-    (lambda: optim.lazy_sgd(0.1, nesterov="no"), "nesterov", r"'no' \(str\)"),
-    (lambda: optim.lazy_sgd(0.1, nesterov="no", lazy="exact"), "nesterov", r"'no' \(str\)"),
+    (lambda: optim.lazy_sgd(0.1, nesterov="no"), "nesterov", r"str 'no'"),
+    (lambda: optim.lazy_sgd(0.1, nesterov="no", lazy="exact"), "nesterov", r"str 'no'"),
     (lambda: optim.lazy_adam("1e-3"), "learning_rate", "str"),
     (lambda: optim.lazy_adam(0.1, b1=None), "b1", "None"),
     (lambda: optim.lazy_adam(0.1, mu_dtype="foo"), "mu_dtype", "'foo'.*not a dtype"),
     (lambda: optim.lazy_adagrad(0.1, eps=[1e-7]), "eps", "list"),
     (lambda: optim.lazy_ftrl("0.1"), "learning_rate", "str"),
     (lambda: optim.add_decayed_weights("0.1"), "weight_decay", "str"),
-    (lambda: optim.add_decayed_weights(0.1, lazy="no"), "lazy", r"'no' \(str\)"),
+    (lambda: optim.add_decayed_weights(0.1, lazy="no"), "lazy", r"str 'no'"),
     (lambda: optim.lazy_adamw(0.1, weight_decay=jnp.ones(3)), "weight_decay", "shape"),
     (lambda: optim.clip_by_global_norm("1"), "max_norm", "str"),
-    (lambda: optim.scale_by_learning_rate(0.1, flip_sign="yes"), "flip_sign", "str"),
+    (lambda: optim.scale_by_learning_rate(0.1, flip_sign="yes"), "flip_sign", r"str 'yes'"),
     (lambda: optim.lift_elementwise(3), "inner", r"3 \(int\)"),
     (lambda: optim.skip_nonfinite(3), "inner", r"3 \(int\)"),
 ]
@@ -322,6 +322,71 @@ def test_apply_updates_structure_mismatch_names_params_and_updates():
         jax.jit(optim.apply_updates)(PARAMS, [G, jnp.ones(2)])
     out = optim.apply_updates({"emb": W, "frozen": None}, {"emb": G, "frozen": None})
     np.testing.assert_array_equal(np.asarray(out["emb"][1]), [2.0, 3.0])
+
+
+INT_PARAMS = {"step": jnp.array([1, 2], jnp.int32), "w": jnp.zeros(2)}
+TRUNCATING_UPDATES = [
+    # (parameter, update, parameter dtype, update dtype)
+    (jnp.array([1, 2], jnp.int32), jnp.array([0.7, -0.7]), "int32", "float32"),
+    (jnp.array([True, False]), jnp.array([-0.5, 0.5]), "bool", "float32"),
+    (jnp.ones((4, 2), jnp.int32), G, "int32", "float32"),  # RowSparse update
+    (jnp.array([1, 2], jnp.int8), jnp.array([0.5, 0.5], jnp.bfloat16), "int8", "bfloat16"),
+    (jnp.array([1, 2], jnp.int32), jnp.array([1j, 0j], jnp.complex64), "int32", "complex64"),
+    (jnp.array([1.0, 2.0]), jnp.array([1j, 0j], jnp.complex64), "float32", "complex64"),
+]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("param,update,pdtype,udtype", TRUNCATING_UPDATES)
+def test_apply_updates_refuses_updates_the_parameter_dtype_would_truncate(
+    param, update, pdtype, udtype, jit
+):
+    """An int32 parameter 1 with an update 0.7 stayed 1 (and a bool parameter
+    turned True for any nonzero update): the cast back to the parameter's
+    dtype dropped the update silently, as `optax.apply_updates` does."""
+    params = {"step": param, "w": jnp.zeros(2)}
+    updates = {"step": update, "w": jnp.ones(2)}
+    apply = jax.jit(optim.apply_updates) if jit else optim.apply_updates
+    pattern = (
+        rf"update for `params\['step'\]` has dtype {udtype}, but the parameter has dtype "
+        rf"{pdtype}: .* cast back to the parameter's dtype\. .*"
+    )
+    with pytest.raises(TypeError, match=pattern):
+        apply(params, updates)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_apply_updates_still_takes_exact_and_no_op_updates(jit):
+    """Integer updates of integer parameters (exact, as optax), a float32
+    update of a bfloat16 parameter (rounded: mixed precision), and None or
+    float0 updates (`jax.grad(..., allow_int=True)` of an integer input),
+    which leave the parameter unchanged; optax fails on the last two."""
+    apply = jax.jit(optim.apply_updates) if jit else optim.apply_updates
+    params = {
+        "count": jnp.array([1, 2], jnp.int32),
+        "flag": jnp.array([True, False]),
+        "half": jnp.ones((4, 2), jnp.bfloat16),
+        "w": jnp.zeros(2),
+    }
+    updates = {
+        "count": jnp.array([3, -1], jnp.int32),
+        "flag": np.zeros((2,), jax.dtypes.float0),
+        "half": G,
+        "w": jnp.ones(2),
+    }
+    out = apply(params, updates)
+    np.testing.assert_array_equal(np.asarray(out["count"]), [4, 1])
+    np.testing.assert_array_equal(np.asarray(out["flag"]), [True, False])
+    assert out["half"].dtype == jnp.bfloat16 and out["count"].dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(out["half"], np.float32)[1], [2.0, 3.0])
+    out = apply(params, {**updates, "count": None, "flag": None})
+    np.testing.assert_array_equal(np.asarray(out["count"]), [1, 2])
+    grads = jax.grad(lambda p: jnp.sum(p["w"]), allow_int=True)(INT_PARAMS)
+    out = apply(INT_PARAMS, grads)
+    np.testing.assert_array_equal(np.asarray(out["step"]), [1, 2])
+    np.testing.assert_array_equal(np.asarray(out["w"]), [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"`params\['flag'\]`.*shape \(3,\)"):
+        apply(params, {**updates, "flag": np.zeros((3,), jax.dtypes.float0)})
 
 
 # ---------------------------------------------------------------- exact SGD

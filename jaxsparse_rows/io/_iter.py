@@ -64,32 +64,73 @@ def nnz_bucket(nnz: int, buckets: Sequence[int] | None = None, minimum: int = 16
     minimum)``. A batch therefore never loses entries: it moves to a larger
     bucket.
 
+    Args:
+      nnz: the number of entries, an int ``>= 0``.
+      buckets: ``None``, or a non-empty sequence of allowed capacities (ints
+        ``>= 1``, in any order; duplicates are ignored).
+      minimum: the smallest power-of-two capacity, an int ``>= 1``.
+
+    Returns:
+      The capacity, an int ``>= nnz``.
+
+    Raises:
+      TypeError: ``nnz``, ``minimum`` or a bucket is not an int (bools and
+        floats are refused), or ``buckets`` is not a sequence.
+      ValueError: ``nnz`` is negative, ``minimum`` or a bucket is below 1, or
+        ``buckets`` is empty.
+
     Example:
       >>> from jaxsparse_rows.io import nnz_bucket
-      >>> nnz_bucket(3), nnz_bucket(100), nnz_bucket(100, buckets=[64, 256])
+      >>> nnz_bucket(3), nnz_bucket(100), nnz_bucket(100, buckets=[256, 64])
       (16, 128, 256)
+      >>> nnz_bucket(100, buckets=64)
+      Traceback (most recent call last):
+        ...
+      TypeError: `buckets` must be None or a sequence of ints >= 1 (e.g. [64, 256]), got int 64.
     """
-    if buckets:
-        fits = [b for b in buckets if b >= nnz]
-        if fits:
-            return min(fits)
-    cap = max(int(nnz), int(minimum), 1)
+    nnz = _check_int(nnz, "nnz", minimum=0)
+    minimum = _check_int(minimum, "minimum", minimum=1)
+    return _bucket(nnz, _check_buckets(buckets, "buckets"), minimum)
+
+
+def _bucket(nnz: int, buckets: tuple[int, ...] | None, minimum: int) -> int:
+    """:func:`nnz_bucket` for checked arguments (``buckets`` sorted, unique)."""
+    if buckets is not None and nnz <= buckets[-1]:
+        return next(b for b in buckets if b >= nnz)
+    cap = max(nnz, minimum, 1)
     return 1 << (cap - 1).bit_length()
 
 
-def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
+def _check_int(value: Any, name: str, *, minimum: int) -> int:
+    """``value`` as an int ``>= minimum``: a Python or NumPy int (a bool, a
+    float such as ``16.0`` or a traced value is refused), naming ``name``."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise TypeError(
+            f"`{name}` must be an int >= {minimum}, got {type(value).__name__} {value!r}."
+        )
+    if value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _check_buckets(buckets: Any, name: str = "nnz_buckets") -> tuple[int, ...] | None:
+    """``None``, or ``buckets`` (a non-empty flat sequence of ints >= 1) sorted
+    and without duplicates; errors name the argument ``name``."""
     if buckets is None:
         return None
     if isinstance(buckets, str | bytes) or not isinstance(buckets, Sequence | np.ndarray):
         raise TypeError(
-            "`nnz_buckets` must be None or a sequence of ints >= 1 (e.g. [64, 256]), got "
+            f"`{name}` must be None or a sequence of ints >= 1 (e.g. [64, 256]), got "
             f"{type(buckets).__name__} {buckets!r}."
         )
     if np.ndim(buckets) != 1:
-        raise ValueError(f"`nnz_buckets` must be a flat sequence of ints >= 1, got {buckets!r}.")
-    out = tuple(check_static_int(b, "nnz_buckets", minimum=1) for b in buckets)
+        raise ValueError(f"`{name}` must be a flat sequence of ints >= 1, got {buckets!r}.")
+    out = tuple(_check_int(b, f"{name}[{i}]", minimum=1) for i, b in enumerate(buckets))
     if not out:
-        raise ValueError("`nnz_buckets` must be None or a non-empty sequence of ints >= 1.")
+        raise ValueError(
+            f"`{name}` must be None (powers of two) or a non-empty sequence of ints >= 1, "
+            f"got {buckets!r}."
+        )
     return tuple(sorted(set(out)))
 
 
@@ -151,7 +192,7 @@ class _Rows(NamedTuple):
 def _to_batch(rows: _Rows, batch_size: int, num_features: int, buckets, minimum: int) -> Batch:
     """Pads ``rows`` (at most ``batch_size``) to a fixed-shape :class:`Batch`."""
     n, nnz = rows.n, int(rows.indptr[-1])
-    cap = nnz_bucket(nnz, buckets, minimum)
+    cap = _bucket(nnz, buckets, minimum)
     idt = index_dtype()
     data = np.zeros(cap, rows.data.dtype)
     data[:nnz] = rows.data

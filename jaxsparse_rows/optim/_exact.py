@@ -319,14 +319,17 @@ def _replace_nodes(state: Any, new_nodes: dict) -> Any:
     )
 
 
-def _catch_up_leaf(p, m, last, ids, t, hparams):
+def _catch_up_leaf(p, m, last, ids, t, hparams, name):
     p = jnp.asarray(p)
     n = p.shape[0]
-    flat = _as_ids(ids).reshape(-1)
-    _check_id_range(flat, n, "ids")
+    flat = _as_ids(ids, name).reshape(-1)
+    _check_id_range(flat, n, name)  # concrete ids only: under jit they are not known
     if flat.shape[0] == 0 or n == 0:
         return p, m, last
-    uniq, _ = unique_rows(flat, n, flat.shape[0])  # sorted, unique, padded with n
+    # Sorted unique ids in [0, n), padded with n: every other id (the padding
+    # id n, negative ids, ids > n) is left out here, so under jit an
+    # out-of-range id touches no row (it is never wrapped into row n - 1).
+    uniq, _ = unique_rows(flat, n, flat.shape[0])
     w = gather_rows(p, uniq)
     mr = None if m is None else gather_rows(m, uniq).astype(p.dtype)
     w, mr = _catch_up(w, mr, t - gather_rows(last, uniq), _powers(*hparams), p.dtype)
@@ -360,7 +363,19 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
 
     Raises:
       ValueError: ``state`` contains no exact-SGD state, or its arrays do not
-        fit ``params`` (structure or shapes), or ``ids`` do not fit ``params``.
+        fit ``params`` (structure or shapes), or ``ids`` do not fit ``params``,
+        or concrete ``ids`` lie outside ``[0, V]`` (the error names the id
+        array, e.g. ``ids['emb']``).
+      TypeError: an id array does not have an integer dtype.
+
+    Under ``jax.jit`` the ids are not known when the function is traced, so
+    they are not checked: as in :func:`~jaxsparse_rows.take` and
+    :func:`~jaxsparse_rows.pull_rows`, an out-of-range id (negative, or
+    ``> V``) is treated as padding and ignored. It brings no row up to date
+    (it is never wrapped into row ``V - 1``), and the other ids are caught up
+    as usual. To get the error back, call :func:`jsr.check_ids
+    <jaxsparse_rows.check_ids>` on the ids inside the jitted function and wrap
+    it with ``jax.experimental.checkify.checkify`` (second example).
 
     Example:
       >>> import jaxsparse_rows as jsr, jax.numpy as jnp
@@ -371,9 +386,22 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
       >>> w = jsr.optim.apply_updates(w, u)
       >>> u, s = opt.update(jsr.RowSparse([[1.]], [1], shape=(2, 1)), s, w)
       >>> w = jsr.optim.apply_updates(w, u)
-      >>> w, s = jsr.optim.catch_up(w, s, jnp.array([0]))  # row 0 owes one step
-      >>> w[:, 0]
+      >>> w2, s2 = jsr.optim.catch_up(w, s, jnp.array([0]))  # row 0 owes one step
+      >>> w2[:, 0]
       Array([-0.15, -0.1 ], dtype=float32)
+
+      Under ``jit``, check the ids with ``checkify``; the bad id is ignored:
+
+      >>> import jax
+      >>> from jax.experimental import checkify
+      >>> def step(w, s, ids):
+      ...     jsr.check_ids(ids, w.shape[0])
+      ...     return jsr.optim.catch_up(w, s, ids)
+      >>> err, (w3, s3) = checkify.checkify(jax.jit(step))(w, s, jnp.array([-1]))
+      >>> print(err.get())  # doctest: +ELLIPSIS
+      `ids` must lie in [0, 2) (or equal 2, the padding id)...
+      >>> bool((w3 == w).all())
+      True
     """
     is_none = lambda x: x is None  # noqa: E731
     flat_ids, ids_def = jax.tree.flatten(ids, is_leaf=is_none)
@@ -403,7 +431,7 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
                 )
             _check_node_leaf(paths[j], flat_p[j], flat_m[j], last)
             flat_p[j], flat_m[j], flat_last[j] = _catch_up_leaf(
-                flat_p[j], flat_m[j], last, i, node.count, node.hparams
+                flat_p[j], flat_m[j], last, i, node.count, node.hparams, f"ids{paths[j]}"
             )
         trace, last_step = ids_def.unflatten(flat_m), ids_def.unflatten(flat_last)
         new_nodes[id(node)] = ExactLazySgdState(node.count, trace, last_step, node.hparams)

@@ -114,13 +114,6 @@ def check_clip(clip_gradient: Any) -> None:
         )
 
 
-def check_flag(name: str, value: Any) -> bool:
-    """A flag must be a real bool (a truthy string such as ``"no"`` is refused)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"`{name}` must be True or False, got {describe(value)}.")
-
-
 def check_inexact_dtype(name: str, value: Any) -> Any:
     """``None``, or ``value`` as a floating (or complex) dtype, canonicalized."""
     if value is None:

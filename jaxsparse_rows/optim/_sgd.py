@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._hparams import NONNEG, check_clip, check_flag, check_learning_rate, check_number
+from .._util import check_flag
+from ._hparams import NONNEG, check_clip, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
     PARAMS_REQUIRED,
@@ -48,7 +49,7 @@ def check_sgd_hparams(
     check_number("weight_decay", weight_decay, none_ok=True)
     check_number("rescale_grad", rescale_grad)
     check_clip(clip_gradient)
-    return check_flag("nesterov", nesterov)
+    return check_flag(nesterov, "nesterov")
 
 
 def _no_buffer(momentum: Any) -> bool:

@@ -12,9 +12,9 @@ import optax
 
 from .._csr import CSR
 from .._rowsparse import RowSparse
+from .._util import check_flag
 from ._hparams import (
     ABOVE_ZERO,
-    check_flag,
     check_learning_rate,
     check_number,
     check_transformation,
@@ -85,7 +85,7 @@ def scale_by_learning_rate(
       (Array([[-0.5, -1. ]], dtype=float32), Array([1], dtype=int32))
     """
     check_learning_rate(learning_rate)
-    sign = -1.0 if check_flag("flip_sign", flip_sign) else 1.0
+    sign = -1.0 if check_flag(flip_sign, "flip_sign") else 1.0
     if callable(learning_rate):
 
         def init_sched(params):
@@ -134,7 +134,7 @@ def add_decayed_weights(
              [0., 0.]], dtype=float32)
     """
     check_number("weight_decay", weight_decay, none_ok=True)
-    lazy = check_flag("lazy", lazy)
+    lazy = check_flag(lazy, "lazy")
 
     def update_fn(updates, state, params=None):
         if known_zero(weight_decay):
