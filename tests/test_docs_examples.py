@@ -39,7 +39,7 @@ BLOCK_COUNTS = {
     "index.md": 1,
     "storage.md": 4,
     "ops.md": 4,
-    "optimizers.md": 4,
+    "optimizers.md": 5,
     "training.md": 6,
     "benchmarks.md": 1,
 }
@@ -92,7 +92,7 @@ loss = loss_fn
 params = {"emb": jnp.ones((V, D), jnp.bfloat16), "w": jnp.ones(D, jnp.bfloat16)}
 """,
     # inject_hyperparams: float32 parameters again.
-    ("optimizers.md", 4): """
+    ("optimizers.md", 5): """
 params = {"emb": jnp.ones((V, D)), "w": jnp.ones(D)}
 """,
     # load_libsvm("train.svm"): the user's file (one-based ids, as the second
@@ -449,7 +449,7 @@ def _(ns, shown):
     assert floats and {leaf.dtype for leaf in floats} == {jnp.dtype(jnp.float32)}
 
 
-@check("optimizers.md", 4)
+@check("optimizers.md", 5)
 def _(ns, shown):
     opt, state, params = ns["opt"], ns["state"], ns["params"]
     assert float(state.hyperparams["learning_rate"]) == pytest.approx(3e-4)
