@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from . import _native
 from ._gather_prim import sum_rows
 from ._kernel_call import on_cpu
-from ._util import index_dtype, replicated, segments_of_sorted
+from ._util import explicit_spec, index_dtype, replicated, segments_of_sorted
 
 
 def _unique_xla(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, jax.Array]:
@@ -113,17 +113,43 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     ``len(sorted_ids)`` where absent or outside ``[0, n_rows)``."""
     k = sorted_ids.shape[0]
     idt = index_dtype()
-    # Replicated too: XLA's search cannot take queries sharded over explicit
-    # axes beside a whole sorted list.
-    ids = replicated(ids.astype(idt))
+    ids = ids.astype(idt)
     if k == 0:
-        return jnp.zeros(ids.shape, idt)
+        return jnp.zeros_like(ids)
     sorted_ids = replicated(sorted_ids.astype(idt))  # each search reads all of it
+    spec = explicit_spec(ids)
+    if spec is not None:
+        # Queries sharded over explicit mesh axes (a data-parallel batch):
+        # each device searches its own ids, and the slots keep their sharding.
+        return _slots_sharded(sorted_ids, ids, n_rows, spec)
     flat = ids.reshape(-1)
     if not _native_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)
     slots = on_cpu(_native.search_ids_call, _slots_xla, sorted_ids, flat, n_rows=n_rows)
     return slots.reshape(ids.shape)
+
+
+def _slots_sharded(sorted_ids: jax.Array, ids: jax.Array, n_rows: int, spec) -> jax.Array:
+    """:func:`_slots_xla` for ``ids`` sharded over explicit mesh axes with
+    ``spec``: a branchless binary search (one gather per halving) whose
+    gathers from the replicated ``sorted_ids`` are told to keep ``spec``
+    (``jnp.searchsorted`` cannot resolve that sharding)."""
+    k = sorted_ids.shape[0]
+    idt = ids.dtype
+
+    def read(pos):
+        return sorted_ids.at[pos].get(mode="clip", out_sharding=spec)
+
+    count = jnp.zeros_like(ids)  # number of sorted ids below each query so far
+    step = 1 << (k.bit_length() - 1)  # the largest power of two <= k
+    while step:
+        cand = count + step
+        below = (cand <= k) & (read(cand - 1) < ids)
+        count = jnp.where(below, cand, count)
+        step >>= 1
+    pos = jnp.minimum(count, k - 1)
+    hit = (read(pos) == ids) & (ids >= 0) & (ids < n_rows)
+    return jnp.where(hit, pos, jnp.asarray(k, idt))
 
 
 def coalesce_rows(

@@ -124,6 +124,46 @@ def test_search_matches_oracle_and_xla(k, n_rows, shape, big, seed):
     _check_search(sorted_np, queries_np, n_rows, x64=big)
 
 
+@given(
+    k=st.integers(1, 300),
+    n_rows=st.integers(1, 3000),
+    shape=st.sampled_from([(1,), (2,), (9,), (40, 3), (2, 0)]),
+    big=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_search_of_ids_sharded_over_an_explicit_axis(k, n_rows, shape, big, seed):
+    """Queries sharded over an explicit mesh axis (a data-parallel batch; here
+    a one-device mesh) take a binary search of their own, whose gathers keep
+    the queries' sharding: the slots come back sharded like the queries
+    (they were gathered whole and came back replicated) and equal the
+    oracle's, eagerly and under jit."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(seed)
+    live = np.unique(rng.integers(0, n_rows, k))
+    sorted_np = np.concatenate([live, np.full(k - len(live), n_rows)])
+    queries_np = _draw_ids(rng, int(np.prod(shape)), n_rows, k).reshape(shape)
+    if big:
+        sorted_np, queries_np = _spread(sorted_np), _spread(queries_np)
+        n_rows = int(_spread(n_rows))
+    want = _slots_oracle(sorted_np, queries_np, n_rows)
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+    with jax.enable_x64(big), jax.set_mesh(mesh):
+        idt = np.int64 if big else np.int32
+        sorted_ids = jnp.asarray(sorted_np.astype(idt))
+        queries = jax.device_put(queries_np.astype(idt), NamedSharding(mesh, P("x")))
+
+        def fn(s, q):
+            return _ids.slots_in(s, q, n_rows)
+
+        assert SEARCH not in _hlo(fn, sorted_ids, queries)
+        for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
+            assert jax.typeof(got).sharding.spec[0] == "x", jax.typeof(got)
+            assert got.shape == queries_np.shape and got.dtype == idt
+            np.testing.assert_array_equal(got, want)
+
+
 def _check_search(sorted_np, queries_np, n_rows, x64):
     with jax.enable_x64(x64):
         idt = np.int64 if x64 else np.int32

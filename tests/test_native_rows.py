@@ -599,8 +599,9 @@ def test_explicitly_sharded_table_trains_with_xla_ops():
     optimizer state is sharded like it) and give the single-device result;
     so do the ops that scatter rows into fresh zeros (``op_cases``), and a
     replicated table trained on batches of ids sharded over the mesh (data
-    parallel: the ids are gathered whole before they are sorted). In a
-    subprocess with 2 host devices."""
+    parallel: the ids are gathered whole before they are sorted, and a
+    ``take`` from the view keeps their sharding). In a subprocess with 2
+    host devices."""
     code = f"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -630,6 +631,13 @@ for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", 
     if ids_spec is None:
         for name, f in op_cases().items():
             print(name, np.allclose(ops[name], jax.jit(f)(table, dense), rtol=1e-6))
+from sharded_training import IDS
+import jaxsparse_rows as jsr
+with jax.set_mesh(mesh):
+    ids = jax.device_put(jax.numpy.array(IDS), NamedSharding(mesh, P("x", None)))
+    rows = jax.jit(lambda t, i: jsr.take(jsr.pull_rows(t, i), i))(table, ids)
+print("take_of_view", _spec(rows) == ("x", None, None),
+      np.array_equal(np.asarray(rows), np.asarray(table)[np.asarray(IDS)]))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -637,7 +645,10 @@ for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", 
     lines = [ln for ln in proc.stdout.split("\n") if ln]
     runs = [ln.split() for ln in lines if ln.split()[0] in ("True", "False")]
     assert runs == [["True"] * 4] * 3, proc.stdout
-    ops = [ln for ln in lines if ln.split()[0] not in ("True", "False")]
+    # A take from a pull_rows view with batch-sharded ids keeps the ids'
+    # sharding (its search was gathered whole and came back replicated).
+    assert "take_of_view True True" in lines, proc.stdout
+    ops = [ln for ln in lines if ln.split()[0] not in ("True", "False", "take_of_view")]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
 
 
