@@ -18,13 +18,16 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 settings.register_profile(
     "default",
-    # 15 keeps CI's serial run well inside its time limit (each example of
-    # most properties compiles a new program); HYPOTHESIS_MAX_EXAMPLES=100
-    # runs a deeper search locally.
+    # 15 keeps CI's run well inside its time limit (each example of most
+    # properties compiles a new program); HYPOTHESIS_MAX_EXAMPLES=300 runs a
+    # deeper search locally (tests with their own count take the larger of
+    # the two, see strategies.examples). Runs are derandomized, so CI always
+    # draws the same examples; HYPOTHESIS_DERANDOMIZE=0 draws new ones (pass
+    # --hypothesis-seed=N to repeat a run).
     max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "15")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    derandomize=True,
+    derandomize=os.environ.get("HYPOTHESIS_DERANDOMIZE", "1") != "0",
     print_blob=True,
 )
 settings.load_profile("default")

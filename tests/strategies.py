@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from hypothesis import strategies as st
 
 from jaxsparse_rows import testing as jsrt
+
+
+def examples(n: int) -> int:
+    """A test's own example count ``n``, or HYPOTHESIS_MAX_EXAMPLES where that
+    asks for more (a deeper local search; see conftest.py)."""
+    return max(n, int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "0")))
+
 
 trailing_dims = st.lists(st.integers(0, 3), min_size=0, max_size=2).map(tuple)
 

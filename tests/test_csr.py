@@ -115,7 +115,7 @@ def unsorted_csr(draw):
     return np.asarray(vals, np.float32), np.asarray(cols, np.int64), indptr, (m, k)
 
 
-@settings(max_examples=20)
+@settings(max_examples=sst.examples(20))
 @given(unsorted_csr())
 def test_csr_matrix_canonicalises(case):
     vals, cols, indptr, shape = case
@@ -237,7 +237,7 @@ def test_fromdense_under_jit_needs_nse():
         jsr.CSR.fromdense(jnp.ones(3))
 
 
-@settings(max_examples=15)
+@settings(max_examples=sst.examples(15))
 @given(sst.csr())
 def test_fromdense_roundtrip_property(x):
     y = jsr.CSR.fromdense(x.todense())

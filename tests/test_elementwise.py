@@ -374,7 +374,7 @@ def _check_binary_ops(a, b, seed, s, p, mode):
     return out
 
 
-@settings(max_examples=8)
+@settings(max_examples=sst.examples(8))
 @given(
     pair=st.sampled_from(DTYPES).flatmap(lambda dt: sst.rowsparse_pair(dtype=dt)),
     seed=_SEEDS,
@@ -396,7 +396,7 @@ def test_rsp_binary_ops_match_numpy(pair, seed, s, p, mode):
         np.testing.assert_array_equal(np.asarray(out[name].indices), np.asarray(a.indices))
 
 
-@settings(max_examples=8)
+@settings(max_examples=sst.examples(8))
 @given(
     pair=st.sampled_from(DTYPES).flatmap(lambda dt: sst.csr_pair(dtype=dt)),
     seed=_SEEDS,

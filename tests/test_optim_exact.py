@@ -13,6 +13,7 @@ from jax.experimental import checkify
 from test_optim_common import grad_sequence, run_steps
 
 import jaxsparse_rows as jsr
+from tests import strategies as sst
 
 CONFIGS = [
     dict(momentum=0.9),
@@ -178,7 +179,7 @@ def test_catch_up_makes_weight_dependent_training_equal_dense(cfg, jit):
         assert np.max(np.abs(np.asarray(stale["emb"]) - np.asarray(dp["emb"]))) > 1e-4
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=sst.examples(8), deadline=None)
 @given(seed=st.integers(0, 2**16), v=st.integers(1, 12), n_steps=st.integers(1, 8))
 def test_catch_up_property(seed, v, n_steps):
     p, dp = _train(dict(momentum=0.9, weight_decay=0.01), True, seed, n_steps, v=v)

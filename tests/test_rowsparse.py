@@ -263,7 +263,7 @@ def test_fromdense_under_jit_needs_max_rows():
         jsr.RowSparse.fromdense(jnp.float32(1.0))
 
 
-@settings(max_examples=15)
+@settings(max_examples=sst.examples(15))
 @given(sst.rowsparse())
 def test_fromdense_roundtrip_property(x):
     y = jsr.RowSparse.fromdense(x.todense())
