@@ -454,3 +454,35 @@ def test_vmap_over_dense_operand(rng):
     out_t = jax.vmap(lambda y: jsr.dot(x, y, transpose_a=True).todense())(yts)
     for b in range(3):
         _close(out_t[b], dense.T @ np.asarray(yts[b]))
+
+
+def test_products_of_a_csr_sharded_over_an_explicit_axis():
+    """A CSR whose entries (``data``, ``indices``) are sharded over an explicit
+    mesh axis failed in every product with a broadcast's sharding error. The
+    products now gather its arrays whole first: all three products equal the
+    unsharded ones (one-device mesh), and the gradient with respect to the
+    values comes back sharded like them, eagerly and under jit."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    x = jsr.csr_matrix(([1.0, 2, 3, 4], [0, 5, 1, 5], [0, 2, 3, 4]), shape=(3, 8))
+    d, e, w = jnp.arange(6.0).reshape(3, 2), jnp.ones((8, 2)), jnp.ones((2, 3))
+    xd = np.asarray(x.todense())
+    mesh = jax.make_mesh((1,), ("b",), axis_types=(AxisType.Explicit,))
+
+    def loss(vals, csr, rhs):
+        y = jsr.CSR(vals, csr.indices, csr.indptr, csr.shape)
+        return jnp.sum(jsr.dot(y, rhs, transpose_a=True).todense() ** 2)
+
+    want_grad = jax.grad(loss)(x.data, x, d)
+    with jax.set_mesh(mesh):
+        on = NamedSharding(mesh, P("b"))
+        xs = jsr.CSR(jax.device_put(x.data, on), jax.device_put(x.indices, on), x.indptr, x.shape)
+        for wrap in (lambda f: f, jax.jit):
+            t = wrap(lambda a, b: jsr.dot(a, b, transpose_a=True))(xs, d)
+            np.testing.assert_allclose(np.asarray(t.todense()), xd.T @ np.asarray(d))
+            np.testing.assert_allclose(np.asarray(wrap(jsr.dot)(xs, e)), xd @ np.asarray(e))
+            np.testing.assert_allclose(np.asarray(wrap(jsr.dot)(w, xs)), np.asarray(w) @ xd)
+            g = wrap(jax.grad(loss))(xs.data, xs, d)
+            assert jax.typeof(g).sharding.spec[0] == "b", jax.typeof(g)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want_grad), rtol=1e-6)
