@@ -134,18 +134,6 @@ def _check_buckets(buckets: Any, name: str = "nnz_buckets") -> tuple[int, ...] |
     return tuple(sorted(set(out)))
 
 
-def _check_seed(seed: Any) -> int:
-    """An int >= 0: the shuffle draws from ``numpy.random.default_rng([seed, epoch])``."""
-    if isinstance(seed, bool | np.bool_) or not isinstance(seed, int | np.integer):
-        raise TypeError(
-            f"`seed` must be an int >= 0 (it seeds the shuffle order), got "
-            f"{type(seed).__name__} {seed!r}."
-        )
-    if seed < 0:
-        raise ValueError(f"`seed` must be an int >= 0, got {seed!r}.")
-    return int(seed)
-
-
 def _check_common(batch_size: Any, last_batch: str) -> int:
     batch_size = check_static_int(batch_size, "batch_size", minimum=1)
     if last_batch not in _LAST_BATCH:
@@ -285,7 +273,7 @@ class CSRIter(_Batcher):
 
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
-        shuffle, seed = check_flag(shuffle, "shuffle"), _check_seed(seed)
+        shuffle, seed = check_flag(shuffle, "shuffle"), _check_int(seed, "seed", minimum=0)
         csr = csr_matrix(csr)
         indptr = np.asarray(csr.indptr).astype(np.int64)
         nnz = int(indptr[-1])
