@@ -42,13 +42,32 @@ def _unique_xla(ids: jax.Array, n_rows: int, capacity: int) -> tuple[jax.Array, 
     return uniq, count
 
 
-def _slots_xla(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
+def _slots_xla(sorted_ids: jax.Array, ids: jax.Array, n_rows: int, spec=None) -> jax.Array:
     """A binary search (``searchsorted``'s default scan method: on CPU the
-    ``"sort"`` method is ~50x slower at 4096 ids)."""
+    ``"sort"`` method is ~50x slower at 4096 ids).
+
+    With ``spec``, the PartitionSpec of ``ids`` sharded over explicit mesh
+    axes, a branchless binary search of its own (one gather per halving)
+    whose gathers from the replicated ``sorted_ids`` keep ``spec``
+    (``jnp.searchsorted`` cannot resolve that sharding)."""
     k = sorted_ids.shape[0]
     idt = ids.dtype
-    pos = jnp.minimum(jnp.searchsorted(sorted_ids, ids).astype(idt), k - 1)
-    hit = (sorted_ids[pos] == ids) & (ids >= 0) & (ids < n_rows)
+    if spec is None:
+        read = sorted_ids.__getitem__
+        below = jnp.searchsorted(sorted_ids, ids).astype(idt)
+    else:
+
+        def read(pos):
+            return sorted_ids.at[pos].get(mode="clip", out_sharding=spec)
+
+        below = jnp.zeros_like(ids)  # number of sorted ids below each query so far
+        step = 1 << (k.bit_length() - 1)  # the largest power of two <= k
+        while step:
+            cand = below + step
+            below = jnp.where((cand <= k) & (read(cand - 1) < ids), cand, below)
+            step >>= 1
+    pos = jnp.minimum(below, k - 1)
+    hit = (read(pos) == ids) & (ids >= 0) & (ids < n_rows)
     return jnp.where(hit, pos, jnp.asarray(k, idt))
 
 
@@ -121,35 +140,12 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     if spec is not None:
         # Queries sharded over explicit mesh axes (a data-parallel batch):
         # each device searches its own ids, and the slots keep their sharding.
-        return _slots_sharded(sorted_ids, ids, n_rows, spec)
+        return _slots_xla(sorted_ids, ids, n_rows, spec)
     flat = ids.reshape(-1)
     if not _native_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)
     slots = on_cpu(_native.search_ids_call, _slots_xla, sorted_ids, flat, n_rows=n_rows)
     return slots.reshape(ids.shape)
-
-
-def _slots_sharded(sorted_ids: jax.Array, ids: jax.Array, n_rows: int, spec) -> jax.Array:
-    """:func:`_slots_xla` for ``ids`` sharded over explicit mesh axes with
-    ``spec``: a branchless binary search (one gather per halving) whose
-    gathers from the replicated ``sorted_ids`` are told to keep ``spec``
-    (``jnp.searchsorted`` cannot resolve that sharding)."""
-    k = sorted_ids.shape[0]
-    idt = ids.dtype
-
-    def read(pos):
-        return sorted_ids.at[pos].get(mode="clip", out_sharding=spec)
-
-    count = jnp.zeros_like(ids)  # number of sorted ids below each query so far
-    step = 1 << (k.bit_length() - 1)  # the largest power of two <= k
-    while step:
-        cand = count + step
-        below = (cand <= k) & (read(cand - 1) < ids)
-        count = jnp.where(below, cand, count)
-        step >>= 1
-    pos = jnp.minimum(count, k - 1)
-    hit = (read(pos) == ids) & (ids >= 0) & (ids < n_rows)
-    return jnp.where(hit, pos, jnp.asarray(k, idt))
 
 
 def coalesce_rows(
