@@ -241,8 +241,15 @@ def _csr_t_dense_xla(vals, cols, rows, table, k, dtype=None):
     ``min(nse, K)`` distinct columns occur, so that capacity never overflows."""
     dtype = table.dtype if dtype is None else dtype
     contrib = _rows_times(gather_rows(table, rows).astype(dtype), vals.astype(dtype))
-    idx, data, _ = coalesce_rows(cols, contrib, k, min(vals.shape[0], k))
+    idx, data, _ = coalesce_rows(cols, contrib, k, _t_capacity(cols, k))
     return idx, data
+
+
+def _t_capacity(cols: jax.Array, k: int) -> int:
+    """The transposed product's row capacity: at most ``min(nse, K)`` distinct
+    columns occur (shared by the product and :func:`_csr_t_dense_indices`,
+    whose known row ids must have the product's shape)."""
+    return min(cols.shape[0], k)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
@@ -267,7 +274,7 @@ def _csr_t_dense_indices(vals, cols, rows, table, k):
     column ids only (for ``jax.linear_transpose`` with respect to ``vals`` or
     ``table``, which are then ``None``)."""
     del vals, rows, table
-    uniq, _, _ = unique_with_slots(cols, k, min(cols.shape[0], k))
+    uniq, _, _ = unique_with_slots(cols, k, _t_capacity(cols, k))
     return [uniq, None]
 
 
