@@ -132,7 +132,7 @@ def check_ids(ids: Any, num_rows: int) -> None:
       >>> err.get() is None
       True
     """
-    from ._rows import _as_ids, _check_id_range
+    from ._rows import _as_ids, _check_id_range, _id_range_message
 
     if isinstance(num_rows, bool) or not isinstance(num_rows, int | np.integer):
         raise TypeError(f"`num_rows` must be an int, got {num_rows!r}.")
@@ -145,5 +145,5 @@ def check_ids(ids: Any, num_rows: int) -> None:
     if is_concrete(ids):
         _check_id_range(ids, num_rows, "ids")  # the eager check of take & co.
         return
-    message = f"`ids` must lie in [0, {num_rows}) (or equal {num_rows}, the padding id)."
+    message = _id_range_message("ids", num_rows) + "."
     checkify.check(jnp.all((ids >= 0) & (ids <= num_rows)), message)

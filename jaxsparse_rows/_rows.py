@@ -34,6 +34,11 @@ def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
     return ids
 
 
+def _id_range_message(name: str, n_rows: int) -> str:
+    """What ids must be: in ``[0, n_rows)``, or ``n_rows`` (the padding id)."""
+    return f"`{name}` must lie in [0, {n_rows}) (or equal {n_rows}, the padding id)"
+
+
 def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
     """Concrete ids must lie in ``[0, n_rows]`` (``n_rows`` is the padding id)."""
     if not is_concrete(ids) or ids.size == 0:
@@ -41,10 +46,7 @@ def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
     arr = np.asarray(ids)
     bad = (arr < 0) | (arr > n_rows)
     if np.any(bad):
-        raise ValueError(
-            f"`{name}` must lie in [0, {n_rows}) (or equal {n_rows}, the padding id), got "
-            f"{int(arr[bad][0])}."
-        )
+        raise ValueError(f"{_id_range_message(name, n_rows)}, got {int(arr[bad][0])}.")
 
 
 def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowSparse:
