@@ -5,6 +5,7 @@ unique ids, slots and row coalescing is in ``_ids``)."""
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import jax
@@ -134,19 +135,37 @@ def shape_str(dtype: Any, shape: tuple[int, ...]) -> str:
 
 
 def check_static_int(value: Any, name: str, *, minimum: int = 0) -> int:
-    """Validates a static (Python) integer argument such as a capacity."""
+    """``value`` as a Python int ``>= minimum``, for a static argument such as a
+    capacity: errors name ``name``.
+
+    Takes what ``operator.index`` takes (a Python or NumPy int, a concrete
+    integer JAX scalar); refuses a bool, a float such as ``16.0`` (it would
+    hide a computed size that is not whole) and a traced value.
+
+    Example:
+      >>> from jaxsparse_rows._util import check_static_int
+      >>> check_static_int(16, "capacity")
+      16
+      >>> check_static_int(16.0, "capacity")
+      Traceback (most recent call last):
+        ...
+      TypeError: `capacity` must be an int >= 0, got float 16.0.
+    """
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
             f"`{name}` must be a concrete Python int because it fixes an array shape; "
             "got a traced value. Pass it as a static argument (e.g. "
             "`jax.jit(f, static_argnames=...)`) or compute it outside jit."
         )
+    expected = f"`{name}` must be an int >= {minimum}"
     try:
-        ivalue = int(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"`{name}` must be an int, got {value!r}.") from None
-    if ivalue != value or ivalue < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+        if isinstance(value, bool | np.bool_):
+            raise TypeError
+        ivalue = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{expected}, got {type(value).__name__} {value!r}.") from None
+    if ivalue < minimum:
+        raise ValueError(f"{expected}, got {value!r}.")
     return ivalue
 
 

@@ -32,6 +32,7 @@ import optax
 from ._ids import coalesce_rows
 from ._row_moves import gather_sorted_rows, scatter_sorted_rows
 from ._rowsparse import RowSparse
+from ._util import check_static_int
 
 __all__ = [
     "SVRGState",
@@ -364,6 +365,11 @@ def fit(
     Returns:
       ``(params, state)``.
 
+    Raises:
+      TypeError: ``num_epochs`` or ``update_freq`` is not an int (a bool or a
+        float is refused), or ``batches`` is a one-shot iterator.
+      ValueError: ``num_epochs < 0`` or ``update_freq < 1``.
+
     Example:
       >>> import jax, jax.numpy as jnp, optax, jaxsparse_rows as jsr
       >>> grad_fn = jax.grad(lambda w, b: jnp.mean((w - b) ** 2))
@@ -372,10 +378,8 @@ def fit(
       >>> round(float(w), 4)  # the mean of the data
       2.0
     """
-    if not isinstance(update_freq, int) or update_freq <= 0:
-        raise ValueError(f"`update_freq` must be a positive int, got {update_freq!r}.")
-    if not isinstance(num_epochs, int) or num_epochs < 0:
-        raise ValueError(f"`num_epochs` must be an int >= 0, got {num_epochs!r}.")
+    update_freq = check_static_int(update_freq, "update_freq", minimum=1)
+    num_epochs = check_static_int(num_epochs, "num_epochs", minimum=0)
     _check_reiterable(batches)
     step = make_step(grad_fn, optimizer, lazy)
     jitted_grad = jax.jit(grad_fn)

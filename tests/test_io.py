@@ -197,8 +197,10 @@ def test_complex_data_or_labels_are_refused_not_truncated(tmp_path):
 @pytest.mark.parametrize(
     "num_features, exc, match",
     [
-        (30.7, ValueError, r"`num_features` must be an int >= 0, got 30.7"),
-        ("30", ValueError, r"`num_features` must be an int >= 0, got '30'"),
+        (30.7, TypeError, r"`num_features` must be an int >= 0, got float 30.7"),
+        (30.0, TypeError, r"`num_features` must be an int >= 0, got float 30.0"),
+        ("30", TypeError, r"`num_features` must be an int >= 0, got str '30'"),
+        (True, TypeError, r"`num_features` must be an int >= 0, got bool True"),
         (-1, ValueError, r"`num_features` must be an int >= 0, got -1"),
         (2**31, ValueError, r"`num_features` = 2147483648 does not fit the index dtype int32"),
     ],

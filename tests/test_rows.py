@@ -184,13 +184,27 @@ def test_overflow_check_only_where_the_capacity_can_overflow(make, can_overflow)
         (np.ones((4, 2)), [-1, 2], None, ValueError, r"`ids` must lie in \[0, 4\).*got -1"),
         (np.ones((4, 2)), [0.5, 1.0], None, TypeError, "`ids` must have an integer dtype"),
         (np.ones((4, 2)), [0, 1], -1, ValueError, "`size` must be an int >= 0"),
-        (np.ones((4, 2)), [0, 1], 1.5, ValueError, "`size` must be an int >= 0"),
+        (np.ones((4, 2)), [0, 1], 1.5, TypeError, "`size` must be an int >= 0, got float 1.5"),
+        (np.ones((4, 2)), [0, 1], 2.0, TypeError, "`size` must be an int >= 0, got float 2.0"),
+        (np.ones((4, 2)), [0, 1], True, TypeError, "`size` must be an int >= 0, got bool True"),
         (np.float32(1.0), [0], None, ValueError, "`table` must be at least 1-D"),
     ],
 )
 def test_pull_rows_bad_input(table, ids, size, exc, match):
     with pytest.raises(exc, match=match):
         jsr.pull_rows(table, ids, size=size)
+
+
+@pytest.mark.parametrize("size", [np.int64(3), np.int32(3), np.array(3), jnp.int32(3)])
+def test_pull_rows_takes_any_whole_integer_size(size):
+    """A NumPy int, a 0-d int array or a concrete JAX int fixes the capacity
+    like the Python int 3 (the check takes what ``operator.index`` takes)."""
+    table = np.arange(8.0).reshape(4, 2)
+    view = jsr.pull_rows(table, np.array([2, 0]), size=size)
+    assert view.capacity == 3
+    np.testing.assert_array_equal(
+        jsr.todense(view), jsr.todense(jsr.pull_rows(table, [2, 0], size=3))
+    )
 
 
 def test_pull_rows_refuses_a_sparse_table():

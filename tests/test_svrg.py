@@ -214,6 +214,33 @@ def test_fit_refuses_a_one_shot_iterator_and_keeps_re_iterables():
     np.testing.assert_allclose(float(w), 1.92, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"num_epochs": -1}, ValueError, r"`num_epochs` must be an int >= 0, got -1"),
+        ({"num_epochs": 2.0}, TypeError, r"`num_epochs` must be an int >= 0, got float 2.0"),
+        ({"num_epochs": True}, TypeError, r"`num_epochs` .*got bool True"),
+        ({"update_freq": 0}, ValueError, r"`update_freq` must be an int >= 1, got 0"),
+        ({"update_freq": True}, TypeError, r"`update_freq` .*got bool True"),
+    ],
+)
+def test_fit_checks_its_counts(kwargs, exc, match):
+    """``update_freq=True`` used to run as 1 and ``num_epochs=2.0`` to be
+    refused only as "not an int" with a ValueError."""
+    data = [jnp.array([1.0]), jnp.array([3.0])]
+    kwargs = {"num_epochs": 1, **kwargs}
+    with pytest.raises(exc, match=match):
+        jsr.svrg.fit(_scalar_grad, optax.sgd(0.4), jnp.zeros(()), data, **kwargs)
+
+
+def test_fit_takes_numpy_counts():
+    data = [jnp.array([1.0]), jnp.array([3.0])]
+    w, _ = jsr.svrg.fit(
+        _scalar_grad, optax.sgd(0.4), jnp.zeros(()), data, np.int64(1), update_freq=np.int32(1)
+    )
+    np.testing.assert_allclose(float(w), 1.92, rtol=1e-6)
+
+
 def test_optimizer_that_is_not_a_gradient_transformation_is_named():
     with pytest.raises(TypeError, match=r"`optimizer` must be an optax GradientTransformation"):
         jsr.svrg.init(jnp.zeros(2), 0.1)

@@ -86,13 +86,13 @@ def test_assert_allclose_checks_shape_and_validity():
         ),
         (
             lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=2, capacity=2.9),
-            ValueError,
-            r"`capacity` must be an int >= 0, got 2.9",
+            TypeError,
+            r"`capacity` must be an int >= 0, got float 2.9",
         ),
         (
             lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=1.5),
-            ValueError,
-            r"`n_rows` must be an int >= 0, got 1.5",
+            TypeError,
+            r"`n_rows` must be an int >= 0, got float 1.5",
         ),
         (lambda r: jsrt.random_csr(r, (4.9, 4)), TypeError, r"`shape` must be a tuple of ints"),
         (
@@ -103,7 +103,8 @@ def test_assert_allclose_checks_shape_and_validity():
         (lambda r: jsrt.random_csr(r, (4, 4), density=-1), ValueError, r"`density` must lie"),
         (lambda r: jsrt.random_csr(r, (4, 4), density=1.5), ValueError, r"`density` must lie"),
         (lambda r: jsrt.random_csr(r, (4, 4), nse=-1), ValueError, r"`nse` must be an int >= 0"),
-        (lambda r: jsrt.random_csr(r, (4, 4), nse=2.5), ValueError, r"`nse` must be an int >= 0"),
+        (lambda r: jsrt.random_csr(r, (4, 4), nse=2.5), TypeError, r"`nse` must be an int >= 0"),
+        (lambda r: jsrt.random_csr(r, (4, 4), nse=True), TypeError, r"`nse` .* got bool True"),
         (lambda r: jsrt.random_dense(r, (2.5, 3)), TypeError, r"`shape` must be a tuple of ints"),
     ],
 )

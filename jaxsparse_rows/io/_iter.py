@@ -88,8 +88,8 @@ def nnz_bucket(nnz: int, buckets: Sequence[int] | None = None, minimum: int = 16
         ...
       TypeError: `buckets` must be None or a sequence of ints >= 1 (e.g. [64, 256]), got int 64.
     """
-    nnz = _check_int(nnz, "nnz", minimum=0)
-    minimum = _check_int(minimum, "minimum", minimum=1)
+    nnz = check_static_int(nnz, "nnz", minimum=0)
+    minimum = check_static_int(minimum, "minimum", minimum=1)
     return _bucket(nnz, _check_buckets(buckets, "buckets"), minimum)
 
 
@@ -99,18 +99,6 @@ def _bucket(nnz: int, buckets: tuple[int, ...] | None, minimum: int) -> int:
         return next(b for b in buckets if b >= nnz)
     cap = max(nnz, minimum, 1)
     return 1 << (cap - 1).bit_length()
-
-
-def _check_int(value: Any, name: str, *, minimum: int) -> int:
-    """``value`` as an int ``>= minimum``: a Python or NumPy int (a bool, a
-    float such as ``16.0`` or a traced value is refused), naming ``name``."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise TypeError(
-            f"`{name}` must be an int >= {minimum}, got {type(value).__name__} {value!r}."
-        )
-    if value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
-    return int(value)
 
 
 def _check_buckets(buckets: Any, name: str = "nnz_buckets") -> tuple[int, ...] | None:
@@ -125,7 +113,7 @@ def _check_buckets(buckets: Any, name: str = "nnz_buckets") -> tuple[int, ...] |
         )
     if np.ndim(buckets) != 1:
         raise ValueError(f"`{name}` must be a flat sequence of ints >= 1, got {buckets!r}.")
-    out = tuple(_check_int(b, f"{name}[{i}]", minimum=1) for i, b in enumerate(buckets))
+    out = tuple(check_static_int(b, f"{name}[{i}]", minimum=1) for i, b in enumerate(buckets))
     if not out:
         raise ValueError(
             f"`{name}` must be None (powers of two) or a non-empty sequence of ints >= 1, "
@@ -273,7 +261,7 @@ class CSRIter(_Batcher):
 
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
-        shuffle, seed = check_flag(shuffle, "shuffle"), _check_int(seed, "seed", minimum=0)
+        shuffle, seed = check_flag(shuffle, "shuffle"), check_static_int(seed, "seed", minimum=0)
         csr = csr_matrix(csr)
         indptr = np.asarray(csr.indptr).astype(np.int64)
         nnz = int(indptr[-1])
