@@ -21,9 +21,11 @@ from ._util import (
     check_static_int,
     check_unbatched,
     check_unflattened_ids,
+    explicit_spec,
     fit_ids,
     index_dtype,
     is_concrete,
+    replicated,
     shape_str,
     stacked_repr,
 )
@@ -44,6 +46,24 @@ def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
     # 2**32 would mark a real slot.
     marks = jnp.zeros((nse,), idt).at[fit_ids(indptr[1:], nse)].add(1, mode="drop")
     return jnp.cumsum(marks, dtype=idt)
+
+
+def whole_csr(x: Any) -> Any:
+    """A CSR whose arrays are sharded over explicit mesh axes, gathered whole
+    (replicated); anything else as it is.
+
+    The ops that place each entry by its row and column (``todense``, sums
+    over an axis, slicing, the products, conversions) combine the entries with
+    the row ids of ``indptr``, which XLA cannot partition over the entries.
+    Ops on the values alone (``x * 2``, ``jsr.sqrt``, ``astype``, ``sum()``)
+    keep the sharding. The gradient with respect to the values of a gathered
+    CSR comes back sharded like them.
+    """
+    if not isinstance(x, CSR) or all(
+        explicit_spec(a) is None for a in (x.data, x.indices, x.indptr)
+    ):
+        return x
+    return CSR._make(replicated(x.data), replicated(x.indices), replicated(x.indptr), x.shape)
 
 
 def _unpickle(data, indices, indptr, shape) -> CSR:
@@ -235,9 +255,9 @@ class CSR(SparseOperators):
         check_unbatched(self, "todense")
         if self.data.dtype == jnp.bool_:  # XLA's scatter-add rejects bool
             return self.astype(jnp.int32).todense() != 0
-        rows = self.row_ids()
-        out = jnp.zeros(self.shape, self.data.dtype)
-        return out.at[rows, self.indices].add(self.data, mode="drop")
+        x = whole_csr(self)
+        out = jnp.zeros(x.shape, x.data.dtype)
+        return out.at[x.row_ids(), x.indices].add(x.data, mode="drop")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)
@@ -296,15 +316,16 @@ class CSR(SparseOperators):
         if step != 1:
             raise ValueError(f"CSR row slicing needs step 1, got {step}.")
         stop = max(stop, start)
-        base = self.indptr[start]
-        indptr = self.indptr[start : stop + 1] - base
+        x = whole_csr(self)
+        base = x.indptr[start]
+        indptr = x.indptr[start : stop + 1] - base
         count = indptr[-1]
-        pos = jnp.arange(self.nse, dtype=index_dtype())
+        pos = jnp.arange(x.nse, dtype=index_dtype())
         keep = pos < count
         src = pos + base
-        data = jnp.where(keep, self.data.at[src].get(mode="fill", fill_value=0), 0)
-        cols = jnp.where(keep, self.indices.at[src].get(mode="fill", fill_value=0), self.shape[1])
-        return CSR._make(data.astype(self.dtype), cols, indptr, (stop - start, self.shape[1]))
+        data = jnp.where(keep, x.data.at[src].get(mode="fill", fill_value=0), 0)
+        cols = jnp.where(keep, x.indices.at[src].get(mode="fill", fill_value=0), x.shape[1])
+        return CSR._make(data.astype(x.dtype), cols, indptr, (stop - start, x.shape[1]))
 
     @classmethod
     def fromdense(cls, x: ArrayLike, nse: int | None = None) -> CSR:

@@ -12,7 +12,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _native
 from ._config import log_inference, warn_fallback
-from ._csr import CSR, csr_row_ids
+from ._csr import CSR, csr_row_ids, whole_csr
 from ._ids import coalesce_rows, slots_in, unique_with_slots
 from ._kernel_call import on_cpu
 from ._rows import lookup_slots
@@ -20,10 +20,8 @@ from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
 from ._util import (
     check_flag,
-    explicit_spec,
     gather_rows,
     index_dtype,
-    replicated,
     segment_rows,
 )
 
@@ -91,7 +89,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     transpose_a = check_flag(transpose_a, "transpose_a")
     transpose_b = check_flag(transpose_b, "transpose_b")
     sl, sr = stype(lhs), stype(rhs)
-    lhs, rhs = _whole_csr(lhs), _whole_csr(rhs)
+    lhs, rhs = whole_csr(lhs), whole_csr(rhs)
     if sl == "default":
         lhs = _as_dense(lhs, "lhs")
     if sr == "default":
@@ -139,17 +137,6 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     if sl == sr == "default":
         return jnp.dot(lhs.T if transpose_a else lhs, rhs)
     return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)
-
-
-def _whole_csr(x: Any) -> Any:
-    """A CSR whose arrays are sharded over explicit mesh axes, gathered whole
-    (replicated); anything else as it is. The products index every entry by
-    its row and column, which XLA cannot partition over the entries."""
-    if not isinstance(x, CSR) or all(
-        explicit_spec(a) is None for a in (x.data, x.indices, x.indptr)
-    ):
-        return x
-    return CSR._make(replicated(x.data), replicated(x.indices), replicated(x.indptr), x.shape)
 
 
 def _as_dense(x: Any, name: str) -> jax.Array:

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from ._config import log_inference, warn_fallback
-from ._csr import CSR
+from ._csr import CSR, whole_csr
 from ._ids import coalesce_rows, slots_in
 from ._row_moves import scatter_sorted_rows
 from ._rowsparse import RowSparse
@@ -351,7 +351,8 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
     data = sparse.data.astype(dtype)
     if isinstance(sparse, RowSparse):
         return scatter_sorted_rows(base, sparse.indices, data, add=True)
-    return base.at[sparse.row_ids(), sparse.indices].add(data, mode="drop")
+    sparse = whole_csr(sparse)
+    return base.at[sparse.row_ids(), sparse.indices].add(sparse.data.astype(dtype), mode="drop")
 
 
 def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
@@ -386,12 +387,14 @@ def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
         )
     if a.size == 0:
         return CSR._make(a.data * jnp.zeros((), b.dtype), a.indices, a.indptr, a.shape)
+    a = whole_csr(a)  # the entries' rows and columns pick b's values
     b2 = jnp.broadcast_to(b, a.shape)
     vals = b2.at[a.row_ids(), a.indices].get(mode="fill", fill_value=0)
     return CSR._make(a.data * vals, a.indices, a.indptr, a.shape)
 
 
 def _csr_union_add(a: CSR, b: CSR) -> CSR:
+    a, b = whole_csr(a), whole_csr(b)  # one sort over both operands' entries
     m, n = a.shape
     idt = index_dtype()
     nse = a.nse + b.nse

@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ._csr import CSR, csr_matrix
+from ._csr import CSR, csr_matrix, whole_csr
 from ._ids import coalesce_rows
 from ._rowsparse import RowSparse, row_sparse_array
 from ._util import as_data, is_concrete
@@ -87,6 +87,7 @@ def to_bcoo(x: Any):
     if isinstance(x, RowSparse):
         return jsparse.BCOO((x.data, x.indices[:, None]), shape=x.shape)
     if isinstance(x, CSR):
+        x = whole_csr(x)
         idx = jnp.stack([x.row_ids(), x.indices], axis=1)
         return jsparse.BCOO((x.data, idx), shape=x.shape)
     raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._config import log_inference
-from ._csr import CSR
+from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
 from ._util import ROWSPARSE_INDEXING, check_flag, segment_rows, zeros_rows
@@ -54,6 +54,7 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
         out = zeros_rows(x.shape[0], reduced)
         return out.at[x.indices].set(reduced, mode="drop", **ROWSPARSE_INDEXING)
+    x = whole_csr(x)  # the entries' rows and columns place them
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
         out = jnp.zeros((x.shape[1],), data.dtype).at[x.indices].add(data, mode="drop")

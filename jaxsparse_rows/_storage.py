@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._config import log_inference, warn_fallback
-from ._csr import CSR, csr_row_ids
+from ._csr import CSR, csr_row_ids, whole_csr
 from ._rowsparse import RowSparse, _as_shape
 from ._util import index_dtype, is_concrete
 
@@ -97,6 +97,7 @@ def _csr_to_rowsparse(x: CSR) -> RowSparse:
     idt = index_dtype()
     if m == 0 or n == 0 or x.nse == 0:
         return RowSparse._make(jnp.zeros((0, n), x.dtype), jnp.zeros((0,), idt), x.shape)
+    x = whole_csr(x)
     nonempty = jnp.diff(x.indptr) > 0
     (rows,) = jnp.nonzero(nonempty, size=min(m, x.nse), fill_value=m)
     rows = rows.astype(idt)

@@ -480,3 +480,74 @@ def test_grad_with_respect_to_a_csr_keeps_its_structure(jit_mode, rng, pad):
         np.asarray(g.data)[:nnz], np.asarray(dense_g)[rows, cols], rtol=1e-5, atol=1e-6
     )
     np.testing.assert_allclose(np.asarray(gw), np.asarray(dense_gw), rtol=1e-5, atol=1e-6)
+
+
+# Every op of a CSR beside the products (tested in test_dot.py), with its numpy
+# oracle on the dense matrix ``d`` (w: a dense [M, K] operand).
+SHARDED_OPS = {
+    "todense": (lambda a, w: a.todense(), lambda d, w: d),
+    "sum": (lambda a, w: jsr.sum(a), lambda d, w: d.sum()),
+    "sum axis 0": (lambda a, w: jsr.sum(a, axis=0), lambda d, w: d.sum(0)),
+    "sum axis 1": (lambda a, w: jsr.sum(a, axis=1, keepdims=True), lambda d, w: d.sum(1)[:, None]),
+    "square_sum": (lambda a, w: jsr.square_sum(a), lambda d, w: (d**2).sum(1)[:, None]),
+    "row slice": (lambda a, w: a[1:3].todense(), lambda d, w: d[1:3]),
+    "times 2": (lambda a, w: (a * 2.0).todense(), lambda d, w: 2 * d),
+    "sqrt": (lambda a, w: jsr.sqrt(jsr.abs(a)).todense(), lambda d, w: np.sqrt(np.abs(d))),
+    "astype": (lambda a, w: a.astype(jnp.float16).todense(), lambda d, w: d.astype(np.float16)),
+    "times dense": (lambda a, w: jsr.multiply(a, w).todense(), lambda d, w: d * w),
+    "plus dense": (lambda a, w: jsr.add(a, w), lambda d, w: d + w),
+    "plus itself": (lambda a, w: jsr.add(a, a).todense(), lambda d, w: 2 * d),
+    "to row_sparse": (
+        lambda a, w: jsr.cast_storage(a, "row_sparse").todense(),
+        lambda d, w: d,
+    ),
+    "to bcoo": (lambda a, w: jsr.to_bcoo(a).todense(), lambda d, w: d),
+}
+
+
+@pytest.mark.parametrize("jit_mode", ["eager", "jit"])
+@pytest.mark.parametrize("op", sorted(SHARDED_OPS))
+def test_ops_of_a_csr_sharded_over_an_explicit_axis(op, jit_mode):
+    """A CSR whose entries are sharded over an explicit mesh axis (what
+    ``jax.device_put`` of a whole batch with a data-parallel sharding gives,
+    ``indptr`` included) failed with a sharding error in every op that places the entries by row
+    and column. Those ops now gather its arrays whole first; the results
+    equal the oracle on a one-device mesh, with padding slots."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    x = jsrt.random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
+    d = oracle(x)
+    w = np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32)
+    fn, want = SHARDED_OPS[op]
+    mesh = jax.make_mesh((1,), ("b",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("b")))  # all three arrays
+        assert jax.typeof(xs.indptr).sharding.spec[0] == "b"
+        wrap = jax.jit if jit_mode == "jit" else (lambda f: f)
+        got = wrap(fn)(xs, jnp.asarray(w))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want(d, w), rtol=2e-3, atol=1e-6)
+
+
+def test_values_only_ops_of_a_sharded_csr_keep_its_sharding():
+    """Scaling, unary maps, casts and the total sum touch the values alone and
+    stay sharded (nothing is gathered); ``todense``'s gradient with respect
+    to the values comes back sharded like them."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    x = jsrt.random_csr(np.random.default_rng(5), (3, 5), density=0.5, nse=8)
+    mesh = jax.make_mesh((1,), ("b",), axis_types=(AxisType.Explicit,))
+
+    def loss(vals, csr):
+        return jnp.sum(jsr.CSR(vals, csr.indices, csr.indptr, csr.shape).todense() ** 2)
+
+    with jax.set_mesh(mesh):
+        on = NamedSharding(mesh, P("b"))
+        xs = jsr.CSR(jax.device_put(x.data, on), jax.device_put(x.indices, on), x.indptr, x.shape)
+        for wrap in (lambda f: f, jax.jit):
+            for y in (wrap(lambda a: a * 2.0)(xs), wrap(jsr.negative)(xs)):
+                assert jax.typeof(y.data).sharding.spec[0] == "b", jax.typeof(y.data)
+            g = wrap(jax.grad(loss))(xs.data, xs)
+            assert jax.typeof(g).sharding.spec[0] == "b", jax.typeof(g)
+            np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x.data), rtol=1e-6)

@@ -600,8 +600,9 @@ def test_explicitly_sharded_table_trains_with_xla_ops():
     so do the ops that scatter rows into fresh zeros (``op_cases``), and a
     replicated table trained on batches of ids sharded over the mesh (data
     parallel: the ids are gathered whole before they are sorted, and a
-    ``take`` from the view keeps their sharding). In a subprocess with 2
-    host devices."""
+    ``take`` from the view keeps their sharding), and every op of a CSR whose
+    entries are sharded over the devices. In a subprocess with 2 host
+    devices."""
     code = f"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -638,6 +639,17 @@ with jax.set_mesh(mesh):
     rows = jax.jit(lambda t, i: jsr.take(jsr.pull_rows(t, i), i))(table, ids)
 print("take_of_view", _spec(rows) == ("x", None, None),
       np.array_equal(np.asarray(rows), np.asarray(table)[np.asarray(IDS)]))
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+from tests.test_csr import SHARDED_OPS, oracle
+x = jsr.testing.random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
+w = np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32)
+with jax.set_mesh(mesh):
+    on = NamedSharding(mesh, P("x"))
+    xs = jsr.CSR(jax.device_put(x.data, on), jax.device_put(x.indices, on), x.indptr, x.shape)
+    got = {{op: jax.jit(f)(xs, w) for op, (f, _) in SHARDED_OPS.items()}}
+print("sharded_csr", _spec(xs.data) == ("x",), all(
+    np.allclose(np.asarray(got[op], np.float64), want(oracle(x), w), rtol=2e-3, atol=1e-6)
+    for op, (_, want) in SHARDED_OPS.items()))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -648,7 +660,11 @@ print("take_of_view", _spec(rows) == ("x", None, None),
     # A take from a pull_rows view with batch-sharded ids keeps the ids'
     # sharding (its search was gathered whole and came back replicated).
     assert "take_of_view True True" in lines, proc.stdout
-    ops = [ln for ln in lines if ln.split()[0] not in ("True", "False", "take_of_view")]
+    # A CSR whose entries are sharded over the two devices: every op of
+    # test_csr.SHARDED_OPS against its oracle.
+    assert "sharded_csr True True" in lines, proc.stdout
+    skip = ("True", "False", "take_of_view", "sharded_csr")
+    ops = [ln for ln in lines if ln.split()[0] not in skip]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
 
 
