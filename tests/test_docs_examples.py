@@ -39,7 +39,7 @@ BLOCK_COUNTS = {
     "index.md": 1,
     "storage.md": 4,
     "ops.md": 4,
-    "optimizers.md": 5,
+    "optimizers.md": 6,
     "training.md": 6,
     "benchmarks.md": 1,
 }
@@ -457,10 +457,40 @@ def _(ns, shown):
         "emb": jsr.RowSparse(jnp.full((1, 4), 0.5), [3], shape=(30, 4)),
         "w": jnp.full(4, -0.5),
     }
-    updates, _ = jax.jit(opt.update)(grads, state, params)
+    update = jax.jit(opt.update)
+    updates, _ = update(grads, state, params)
     # Adam's first step moves each entry by about the learning rate: the new one.
     np.testing.assert_allclose(np.abs(updates["emb"].data), 3e-4, rtol=1e-3)
     np.testing.assert_allclose(np.abs(updates["w"]), 3e-4, rtol=1e-3)
+    # "a float32 array, like the value it replaces": nothing compiles again;
+    # "a Python float ... would compile once more".
+    hparams = state.hyperparams
+    for value, compiled in ((jnp.asarray(1e-4, jnp.float32), 1), (1e-4, 2)):
+        hparams["learning_rate"] = value
+        update(grads, state, params)
+        assert update._cache_size() == compiled
+    hparams["learning_rate"] = jnp.asarray(3e-4, jnp.float32)
+
+
+@check("optimizers.md", 6)
+def _(ns, shown):
+    opt, state, params = ns["opt"], ns["state"], ns["params"]
+    assert jax.tree.leaves(state.inner_state[0].trace) == []  # no buffer for any leaf
+    grads = {
+        "emb": jsr.RowSparse(jnp.full((1, 4), 0.5), [3], shape=(30, 4)),
+        "w": jnp.full(4, -0.5),
+    }
+    # "params only where a rule reads them": none here, also under jit.
+    updates, _ = jax.jit(opt.update)(grads, state)
+    np.testing.assert_allclose(np.asarray(updates["emb"].data), -0.05)
+    np.testing.assert_allclose(np.asarray(updates["w"]), 0.05)
+    # Without static_args the injected default weight_decay is traced: the
+    # update needs params, and the error says how to keep it static.
+    injected = optax.inject_hyperparams(jsr.optim.lazy_sgd)(learning_rate=0.1)
+    with pytest.raises(ValueError, match=r"needs the current parameters.*static_args"):
+        jax.jit(injected.update)(grads, injected.init(params))
+    trace = injected.init(params).inner_state[0].trace  # "keeps a [V, D] buffer"
+    assert trace["emb"].shape == params["emb"].shape
 
 
 @check("training.md", 1)

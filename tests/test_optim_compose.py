@@ -157,6 +157,64 @@ def test_schedule_transform_lifted(jit_mode):
         np.testing.assert_allclose(u.asnumpy(), sched(count) * dense, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "plain",
+    [
+        optax.scale_by_schedule(lambda c: 0.5 + 0 * c),
+        optax.scale_by_learning_rate(lambda c: 0.5 + 0 * c),
+        optax.scale_by_schedule(lambda c: 3.0 + 0 * c),
+        optax.scale_by_sign(),
+    ],
+    ids=["schedule 0.5", "learning-rate schedule", "schedule 3", "sign"],
+)
+def test_optax_transforms_that_keep_ids_integer_are_refused_by_apply_updates(plain):
+    """These cast their factor to each leaf's dtype, so the row ids stay
+    integer but become [0, 0], [6, 9] or [1, 1]: the sum landed in the wrong
+    row or was dropped as padding, silently. ``apply_updates`` now refuses
+    such ids when they are concrete; lifted, the transform is right."""
+    w = jnp.zeros((4, 1))
+    g = jsr.RowSparse([[1.0], [1.0]], [2, 3], shape=(4, 1))
+    u, _ = plain.update(g, plain.init(w), w)
+    with pytest.raises(ValueError, match=r"`params` has invalid row ids.*lift_elementwise"):
+        jsr.optim.apply_updates(w, u)
+    lifted = jsr.optim.lift_elementwise(plain)
+    u, _ = lifted.update(g, lifted.init(w), w)
+    want, _ = plain.update(g.data, plain.init(g.data))
+    expected = np.zeros((4, 1))
+    expected[[2, 3]] = np.asarray(want)
+    np.testing.assert_allclose(np.asarray(jsr.optim.apply_updates(w, u)), expected)
+
+
+def test_zero_nans_lifted_keeps_its_state_structure():
+    """Plain ``optax.zero_nans`` maps its NaN test over the row ids too, so its
+    state turned from a bool per parameter into a RowSparse of bools after one
+    step (a jitted step compiled twice and ``lax.scan`` refused the carry).
+    Lifted, the state keeps its structure and the NaN row is zeroed."""
+    w = jnp.ones((4, 2))
+    tx = optax.chain(jsr.optim.lift_elementwise(optax.zero_nans()), jsr.optim.lazy_sgd(0.5))
+    state = tx.init(w)
+
+    def step(w, state, data):
+        u, state = tx.update(jsr.RowSparse(data, jnp.array([1, 3]), (4, 2)), state, w)
+        return jsr.optim.apply_updates(w, u), state
+
+    jitted = jax.jit(step)
+    data = jnp.array([[1.0, jnp.nan], [2.0, 2.0]])
+    for _ in range(3):
+        new_w, new_state = jitted(w, state, data)
+        assert jax.tree.structure(new_state) == jax.tree.structure(state)
+        w, state = new_w, new_state
+    assert jitted._cache_size() == 1
+    expected = np.ones((4, 2))
+    expected[1] -= 3 * 0.5 * np.array([1.0, 0.0])
+    expected[3] -= 3 * 0.5 * 2.0
+    np.testing.assert_allclose(np.asarray(w), expected)
+    (w_s, _), _ = jax.lax.scan(
+        lambda c, _: (step(*c, data), None), (jnp.ones((4, 2)), tx.init(w)), None, 3
+    )
+    np.testing.assert_allclose(np.asarray(w_s), expected)
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_param_with_sometimes_dense_grads(jit):
     # Both paths update the same state arrays: a RowSparse step (row 0), then

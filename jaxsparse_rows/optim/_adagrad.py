@@ -13,13 +13,13 @@ import optax
 from ._hparams import NONNEG, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
-    PARAMS_REQUIRED,
     apply_rule,
     check_dense_params,
     check_like,
     check_state,
     known_zero,
     map_updates,
+    weight_decay_needs_params,
     zeros_like_params,
 )
 
@@ -184,7 +184,7 @@ def scale_by_lazy_rowwise_adagrad(
     def update_fn(updates, state, params=None):
         check_state(state, ScaleByLazyRowwiseAdagradState, "scale_by_lazy_rowwise_adagrad")
         if decay and params is None:
-            raise ValueError(PARAMS_REQUIRED.format(name="rowwise AdaGrad with weight_decay"))
+            raise weight_decay_needs_params("rowwise AdaGrad with weight_decay", weight_decay)
 
         def leaf(path, g, acc, p):
             if p is not None:

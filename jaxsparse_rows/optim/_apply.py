@@ -7,8 +7,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._checks import _rowsparse_conditions
 from .._operators import SparseOperators
-from .._util import as_jax
+from .._util import as_jax, is_concrete
 from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, path_name, scatter_rows
 
 
@@ -41,6 +42,25 @@ def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
     )
 
 
+def _check_row_ids(path: str, u: Any) -> None:
+    """Refuses a RowSparse update whose concrete row ids are out of range,
+    unsorted or repeated: what an optax transform that maps over every leaf
+    (``scale_by_schedule``, ``scale_by_sign``, ...) makes of them. Under a
+    trace the ids are unknown and nothing is checked."""
+    if not is_concrete(u.indices):
+        return
+    for cond, message in _rowsparse_conditions(u, data=False):
+        if not bool(cond):
+            raise ValueError(
+                f"the RowSparse update for `{path_name(path)}` has invalid row ids "
+                f"{u.indices}: {message} An optax transform that maps over every leaf also "
+                "maps the row ids (see 'Which optax transforms are safe on RowSparse "
+                "updates' in the optimizers guide); wrap it in "
+                "`jsr.optim.lift_elementwise(...)`. Under jax.jit this is not checked: "
+                "call `jsr.check(update)` inside `checkify` to check it there."
+            )
+
+
 def apply_updates(params: Any, updates: Any) -> Any:
     """``params + updates`` leaf by leaf; RowSparse updates are scatter-added.
 
@@ -64,8 +84,11 @@ def apply_updates(params: Any, updates: Any) -> Any:
       The updated parameters.
 
     Raises:
-      ValueError: ``updates`` does not have the structure of ``params``, or
-        a leaf's shape differs from its parameter's.
+      ValueError: ``updates`` does not have the structure of ``params``, a
+        leaf's shape differs from its parameter's, or the concrete row ids of
+        a RowSparse update are out of ``[0, N]``, unsorted or repeated (what
+        an optax transform that maps over every leaf makes of them; not
+        checked under ``jax.jit``).
       TypeError: a parameter is a RowSparse; or an integer or bool parameter
         gets a floating (or complex) update, or a real parameter a complex
         one, which the cast back to the parameter's dtype would truncate
@@ -104,6 +127,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
         p = as_jax(p)
         _check_update_dtype(path, p.dtype, u.dtype)
         if is_rowsparse(u):
+            _check_row_ids(path, u)
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:
                 return scatter_rows(p, u.indices, u.data, add=True)

@@ -13,7 +13,6 @@ from .._util import check_flag
 from ._hparams import NONNEG, check_clip, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
-    PARAMS_REQUIRED,
     apply_rule,
     check_dense_params,
     check_like,
@@ -21,6 +20,7 @@ from ._tree import (
     known_one,
     known_zero,
     map_updates,
+    weight_decay_needs_params,
     zeros_like_params,
 )
 
@@ -135,7 +135,7 @@ def scale_by_lazy_sgd(
     def update_fn(updates, state, params=None):
         check_state(state, ScaleByLazySgdState, "scale_by_lazy_sgd")
         if decay and params is None:
-            raise ValueError(PARAMS_REQUIRED.format(name="lazy SGD with weight_decay"))
+            raise weight_decay_needs_params("lazy SGD with weight_decay", weight_decay)
 
         def leaf(path, g, m, p):
             states = [] if m is None else [m]

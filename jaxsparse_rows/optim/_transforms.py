@@ -20,7 +20,6 @@ from ._hparams import (
     check_transformation,
 )
 from ._tree import (
-    PARAMS_REQUIRED,
     abs_sq,
     check_inexact,
     check_like,
@@ -30,6 +29,7 @@ from ._tree import (
     known_zero,
     map_updates,
     mask_rows,
+    weight_decay_needs_params,
 )
 
 
@@ -140,7 +140,7 @@ def add_decayed_weights(
         if known_zero(weight_decay):
             return updates, state
         if params is None:
-            raise ValueError(PARAMS_REQUIRED.format(name="add_decayed_weights"))
+            raise weight_decay_needs_params("add_decayed_weights", weight_decay)
 
         def leaf(path, u, p):
             check_like(path, u, p)
@@ -357,9 +357,10 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
 
     A skipped step returns zero updates (RowSparse updates with no real row)
     and leaves ``inner``'s state untouched, step count included; ``skipped``
-    counts such steps. Unlike ``optax.apply_if_finite`` (which does not accept
-    RowSparse updates and selects between whole state trees), the choice is a
-    ``lax.cond``, so the donated state is still updated in place.
+    counts such steps. Unlike ``optax.apply_if_finite`` (whose skipped step
+    sets a RowSparse update's row ids to 0 too, and which selects between
+    whole state trees), the choice is a ``lax.cond``, so the donated state is
+    still updated in place.
 
     Args:
       inner: the transformation to protect, e.g. ``lazy_adam(1e-3)``.

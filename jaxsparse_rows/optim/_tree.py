@@ -21,6 +21,22 @@ PARAMS_REQUIRED = (
 )
 
 
+def weight_decay_needs_params(name: str, weight_decay: Any) -> ValueError:
+    """The error of an update with weight decay but no ``params``. A traced
+    ``weight_decay`` is most often the default 0.0 that
+    ``optax.inject_hyperparams`` injected along with the learning rate, so the
+    message says how to keep it static."""
+    message = PARAMS_REQUIRED.format(name=name)
+    if isinstance(weight_decay, jax.core.Tracer):
+        message += (
+            " `weight_decay` is traced here, so it may be non-zero; "
+            "`optax.inject_hyperparams` injects it even when left at its default 0.0. "
+            "If it stays 0, keep it static: "
+            '`optax.inject_hyperparams(opt, static_args=("weight_decay",))`.'
+        )
+    return ValueError(message)
+
+
 def known_zero(x: Any) -> bool:
     """True when a hyperparameter is ``None`` or known now to be 0.
 
