@@ -158,6 +158,10 @@ def test_empty_file(tmp_path):
         ("1 2: 3\n", 1, "2:"),
         ("1 2 3:1\n", 1, "2"),
         ("1 2:1\nabc 1:1\n", 2, "abc"),
+        # control bytes are not whitespace (a NUL-padded file loaded silently)
+        ("1 2:1\n-1 3:1\n" + "\x00" * 8, 3, "\x00" * 8),
+        ("1 2:1\x002:3\n", 1, "2:1\x002:3"),
+        ("1 2:1\x1f3:3\n", 1, "2:1\x1f3:3"),
     ],
 )
 def test_malformed_line_names_file_line_token(tmp_path, text, line, token):
@@ -167,6 +171,69 @@ def test_malformed_line_names_file_line_token(tmp_path, text, line, token):
         jsr.io.load_libsvm(path)
     msg = str(err.value)
     assert "bad.svm" in msg and f"line {line}:" in msg and repr(token) in msg, msg
+
+
+def test_all_ascii_whitespace_separates_tokens(tmp_path):
+    """Tabs, CR, vertical tab and form feed separate like spaces (as
+    ``bytes.split`` does); only the other control bytes are refused."""
+    path = tmp_path / "ws.svm"
+    path.write_bytes(b"1\t2:1\x0b3:2\x0c \r\n-1  1:5\r\n")
+    x, y = jsr.io.load_libsvm(path, num_features=3)
+    np.testing.assert_array_equal(dense_np(x), [[0, 1, 2], [5, 0, 0]])
+    np.testing.assert_array_equal(np.asarray(y), [1, -1])
+
+
+@pytest.mark.parametrize(
+    "magic, kind", [(b"\x1f\x8b", "gzip"), (b"BZh9", "bzip2"), (b"\xfd7zXZ\x00", "xz")]
+)
+def test_a_compressed_file_is_named_as_such(tmp_path, magic, kind):
+    """It failed with "unexpected character '\\x8b'" and no hint."""
+    path = tmp_path / "a.svm.gz"
+    path.write_bytes(magic + b"\x00\x01rest")
+    with pytest.raises(ValueError, match=rf"a.svm.gz looks {kind}-compressed.*decompress"):
+        jsr.io.load_libsvm(path)
+    with pytest.raises(ValueError, match=rf"looks {kind}-compressed"):
+        next(iter(LibSVMIter(path, 2, num_features=3)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, np.int8, np.uint8, bool, jnp.complex64, "foo"])
+def test_a_non_floating_dtype_is_refused(tmp_path, dtype):
+    """``dtype=jnp.int32`` truncated 0.5 to 0 and wrapped 3e9 to -2**31, with
+    only numpy's RuntimeWarning."""
+    path = tmp_path / "a.svm"
+    path.write_text("1.5 1:0.5 2:2.7 3:3000000000\n")
+    with pytest.raises(TypeError, match=r"`dtype` must be a floating dtype.*got"):
+        jsr.io.load_libsvm(path, dtype=dtype)
+    with pytest.raises(TypeError, match=r"`dtype` must be a floating dtype"):
+        LibSVMIter(path, 2, num_features=3, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int16, np.uint32, np.bool_])
+def test_integer_data_is_saved_exactly(tmp_path, dtype):
+    """Integer data went through float64 and "%.9g": 1234567891 came back as
+    1234567890 and 2**31 - 1 as 2147483650."""
+    info = np.iinfo(dtype) if dtype != np.bool_ else None
+    big = [1, 0] if info is None else [1234567891 % (int(info.max) + 1), int(info.max)]
+    data = np.array(big, dtype)
+    x = jsr.CSR(data, np.array([0, 2]), np.array([0, 1, 2]), (2, 3))
+    path = tmp_path / "int.svm"
+    jsr.io.save_libsvm(path, x, np.array([1, 2]))
+    tokens = path.read_text().split()
+    assert tokens[1] == f"1:{int(big[0])}" and tokens[3] == f"3:{int(big[1])}", tokens
+
+
+def test_a_line_longer_than_many_chunks_is_read_whole(tmp_path):
+    """The unfinished line was re-joined and re-searched on every read
+    (quadratic in its length); it is now kept in pieces. Same result."""
+    path = tmp_path / "long.svm"
+    feats = " ".join(f"{i}:{i % 7 + 1}" for i in range(1, 3001))
+    path.write_text(f"1 {feats}\n-1 2:5\n")
+    it = LibSVMIter(path, 2, num_features=3000, chunk_bytes=7)
+    (batch,) = list(it)
+    want = np.zeros((2, 3000))
+    want[0] = [i % 7 + 1 for i in range(1, 3001)]
+    want[1, 1] = 5
+    np.testing.assert_array_equal(np.asarray(batch.x.todense()), want)
 
 
 def test_num_features_too_small(tmp_path):

@@ -18,6 +18,7 @@ from ._libsvm import (
     Parsed,
     check_feature_count,
     check_num_features,
+    check_value_dtype,
     parse_libsvm_bytes,
     read_chunks,
     shift_ids,
@@ -310,7 +311,7 @@ class LibSVMIter(_Batcher):
         an id beyond it raises ``ValueError`` naming the line.
       zero_based: whether ids count from 0 (default ``False``: the LibSVM
         convention, ids from 1). ``"auto"`` is not available when streaming.
-      dtype: dtype of the data and the labels.
+      dtype: dtype of the data and the labels, a floating dtype.
       last_batch: ``"pad"`` (default), ``"discard"`` or ``"roll_over"``.
       nnz_buckets: as in :class:`CSRIter`.
       min_nnz: as in :class:`CSRIter`.
@@ -350,7 +351,7 @@ class LibSVMIter(_Batcher):
             raise FileNotFoundError(f"`path` {os.fspath(path)!r} does not exist.")
         self.path, self.zero_based = path, bool(zero_based)
         self.num_features = check_feature_count(num_features)
-        self.dtype = np.dtype(dtype)
+        self.dtype = check_value_dtype(dtype)
         self.chunk_bytes = check_static_int(chunk_bytes, "chunk_bytes", minimum=1)
         self._buckets = _check_buckets(nnz_buckets)
         self._min_nnz = check_static_int(min_nnz, "min_nnz", minimum=1)

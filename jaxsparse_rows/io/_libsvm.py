@@ -25,9 +25,16 @@ from .._util import check_flag, check_static_int, index_dtype
 PathLike = str | os.PathLike
 
 _NEWLINE, _HASH, _COLON = 10, 35, 58
-# Bytes that may appear inside a token: digits, sign, dot, exponent, ':' and the
-# letters of nan / inf / infinity.
-_ALLOWED_BYTES = bytes(range(33)) + b"0123456789+-.eE:nNaAiIfFtTyY"
+# ASCII whitespace (what ``bytes.split()`` splits on) separates tokens; any
+# other control byte (a NUL, say) is part of a token and refused there.
+_WHITESPACE = b" \t\n\r\x0b\x0c"
+_IS_SEPARATOR = np.zeros(256, bool)
+_IS_SEPARATOR[list(_WHITESPACE)] = True
+# Bytes that may appear in the text: whitespace, then inside a token digits,
+# sign, dot, exponent, ':' and the letters of nan / inf / infinity.
+_ALLOWED_BYTES = _WHITESPACE + b"0123456789+-.eE:nNaAiIfFtTyY"
+# Magic numbers of compressed files, for a useful error.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 # bytes.translate table: separators and ':' become ' ', so that every number is
 # a whitespace-separated field for numpy.fromstring.
 _TO_FIELDS = bytes(32 if (b <= 32 or b == _COLON) else b for b in range(256))
@@ -125,7 +132,12 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     orig = np.frombuffer(raw, np.uint8)
     nl_pos = np.flatnonzero(orig == _NEWLINE)
     buf = _blank_comments(orig, nl_pos)
-    nonsep = buf > 32
+    text = raw if buf is orig else buf.tobytes()
+    residue = text.translate(None, _ALLOWED_BYTES)
+    # Bytes above ' ' are token bytes. Only text with a byte outside the
+    # allowed set (which fails below) can hold a control byte that is not
+    # whitespace, a token byte too, so the error names its token.
+    nonsep = ~_IS_SEPARATOR[buf] if residue else buf > 32
     edges = np.flatnonzero(nonsep[1:] != nonsep[:-1]) + 1
     if buf.size and nonsep[0]:
         edges = np.concatenate([[0], edges])
@@ -139,8 +151,6 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     def fail(t: int, what: str) -> ValueError:
         return _error(path, first_line + int(tok_line[t]), raw[starts[t] : ends[t]], what)
 
-    text = raw if buf is orig else buf.tobytes()
-    residue = text.translate(None, _ALLOWED_BYTES)
     if residue:
         pos = text.find(residue[:1])
         t = int(np.searchsorted(starts, pos, side="right") - 1)
@@ -203,20 +213,33 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     return Parsed(labels, indptr, ids, values, row_lines)
 
 
+def _check_not_compressed(head: bytes, path: Any) -> None:
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise ValueError(
+                f"{path} looks {kind}-compressed (it starts with {magic!r}); LibSVM files are "
+                "read as plain text: decompress it first."
+            )
+
+
 def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
     """Whole-line pieces of a file (about ``chunk_bytes`` each) and the line
     number of each piece's first line."""
-    line, tail = 1, b""
+    line, pending = 1, []  # pending: the pieces of the unfinished last line
     with open(path, "rb") as f:
+        _check_not_compressed(f.read(8), path)
+        f.seek(0)
         while True:
             chunk = f.read(chunk_bytes)
-            text = tail + chunk
             if chunk:
-                cut = text.rfind(b"\n") + 1
+                cut = chunk.rfind(b"\n") + 1
                 if cut == 0:  # a line longer than the chunk: keep reading
-                    tail = text
+                    pending.append(chunk)
                     continue
-                text, tail = text[:cut], text[cut:]
+                text = b"".join([*pending, chunk[:cut]])
+                pending = [chunk[cut:]]
+            else:
+                text = b"".join(pending)
             if text:
                 yield text, line
                 line += text.count(b"\n")
@@ -291,6 +314,22 @@ def check_feature_count(num_features: Any, name: str = "num_features") -> int:
     return num_features
 
 
+def check_value_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` of loaded values and labels: a floating dtype. An integer one
+    would truncate ``0.5`` to 0 and wrap ``3e9``, silently."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(
+            "`dtype` must be a floating dtype (float32, float64, float16 or bfloat16), got "
+            f"{dtype!r}: LibSVM values and labels are real numbers, which an integer, bool or "
+            "complex dtype would truncate or wrap. Load as floats and cast the arrays."
+        )
+    return dt
+
+
 def load_libsvm(
     path: PathLike,
     num_features: int | None = None,
@@ -309,11 +348,16 @@ def load_libsvm(
       num_features: the column count ``K``; default: largest id + 1.
       zero_based: whether ids count from 0. ``"auto"`` (default): zero-based
         when some id is 0, else one-based (the LibSVM convention).
-      dtype: dtype of the CSR data and of the labels.
+      dtype: dtype of the CSR data and of the labels, a floating dtype.
 
     Returns:
       ``(x, y)``: a :class:`~jaxsparse_rows.CSR` of shape ``(rows, K)`` with no
       padding, and the ``[rows]`` labels.
+
+    Raises:
+      ValueError: a malformed line (naming the file, the line and the token),
+        a compressed file, an id past ``num_features``.
+      TypeError: ``dtype`` is not floating.
 
     Example:
       >>> import pathlib, tempfile, jaxsparse_rows as jsr
@@ -328,6 +372,7 @@ def load_libsvm(
     """
     if zero_based not in (True, False, "auto"):
         raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
+    dtype = check_value_dtype(dtype)
     parsed = parse_libsvm_file(path)
     if zero_based == "auto":
         zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
@@ -415,9 +460,11 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
     nnz = int(indptr[-1])
     data = np.asarray(csr.data)[:nnz]
     cols = np.asarray(csr.indices)[:nnz].astype(np.int64) + (0 if zero_based else 1)
-    vfmt = _fmt(data.dtype)
+    # Integers (and bools) are written exactly, not through float64 and "%.9g".
+    exact = np.issubdtype(data.dtype, np.integer) or data.dtype == np.bool_
+    vfmt = "%d" if exact else _fmt(data.dtype)
     lfmt = "%d" if np.issubdtype(labels.dtype, np.integer) else _fmt(labels.dtype)
-    vals = data.astype(np.float64).tolist()
+    vals = data.tolist() if exact else data.astype(np.float64).tolist()
     feats = [f"{c}:{vfmt % v}" for c, v in zip(cols.tolist(), vals, strict=True)]
     lines = []
     ptr = indptr.tolist()
