@@ -10,7 +10,7 @@ from jax.experimental import checkify
 
 from ._csr import CSR
 from ._rowsparse import RowSparse
-from ._util import is_concrete
+from ._util import check_unbatched_args, is_concrete
 
 
 def _rowsparse_conditions(x: RowSparse, *, data: bool = True) -> list[tuple[Any, str]]:
@@ -93,6 +93,7 @@ def check(x: Any) -> None:
       >>> print(err.get())  # doctest: +ELLIPSIS
       RowSparse `indices` must be sorted ascending ...
     """
+    check_unbatched_args("check", x)
     if isinstance(x, RowSparse):
         conds = _rowsparse_conditions(x)
     elif isinstance(x, CSR):

@@ -20,6 +20,7 @@ from ._util import (
     capacity_check,
     check_static_int,
     check_unbatched,
+    check_unbatched_args,
     check_unflattened_ids,
     explicit_spec,
     fit_ids,
@@ -226,6 +227,7 @@ class CSR(SparseOperators):
 
     def row_ids(self) -> jax.Array:
         """``[nse]`` row id of every entry slot (``M`` for padding)."""
+        check_unbatched_args("row_ids", self)
         return csr_row_ids(self.indptr, self.nse)
 
     def __len__(self) -> int:
@@ -305,6 +307,7 @@ class CSR(SparseOperators):
           array([[0., 0., 0., 0., 0.],
                  [0., 9., 0., 0., 0.]], dtype=float32)
         """
+        check_unbatched_args("row slicing", self)
         if isinstance(key, int | np.integer):
             m = self.shape[0]
             if not -m <= key < m:

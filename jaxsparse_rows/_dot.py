@@ -20,6 +20,7 @@ from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
 from ._util import (
     check_flag,
+    check_unbatched_args,
     gather_rows,
     index_dtype,
     segment_rows,
@@ -86,6 +87,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
              [0., 0.],
              [0., 0.]], dtype=float32))
     """
+    check_unbatched_args("dot", lhs, rhs)
     transpose_a = check_flag(transpose_a, "transpose_a")
     transpose_b = check_flag(transpose_b, "transpose_b")
     sl, sr = stype(lhs), stype(rhs)

@@ -39,6 +39,7 @@ from ._rowsparse import RowSparse
 from ._storage import apply_dense, bool_via_int, is_sparse, operand_dtype, stype
 from ._util import (
     broadcast_row_mask,
+    check_unbatched_args,
     gather_rows,
     index_dtype,
     segments_of_sorted,
@@ -81,7 +82,10 @@ def _with_data_masked(x: Any, data: jax.Array) -> Any:
     if isinstance(x, RowSparse):
         mask = broadcast_row_mask(x.row_mask, data.ndim)
     else:
-        mask = jnp.arange(x.nse, dtype=index_dtype()) < x.indptr[-1]
+        # indptr[..., -1:]: each array's entry count, also for leaves stacked
+        # by jax.vmap ([S.., M + 1] indptr, [S.., nse] data).
+        pos = lax.broadcasted_iota(x.indptr.dtype, x.indices.shape, x.indices.ndim - 1)
+        mask = pos < x.indptr[..., -1:]
     return _with_data(x, jnp.where(mask, data, jnp.zeros_like(data, shape=())))
 
 
@@ -197,11 +201,12 @@ def multiply(a: Any, b: Any) -> Any:
         return jnp.multiply(a, b)
     if not is_sparse(a):  # make `a` the sparse one
         a, b, sa, sb = b, a, sb, sa
-    if _is_scalar(b):
+    if _is_scalar(b):  # data only: leaves stacked by jax.vmap are fine
         log_inference("multiply", (sa, "scalar"), sa)
         if _finite_scalar(b):
             return _with_data(a, a.data * b)
         return _with_data_masked(a, a.data * b)
+    check_unbatched_args("multiply", a, b)
     if sa == sb == "row_sparse":
         _same_shape("multiply", a, b)
         log_inference("multiply", (sa, sb), "row_sparse")
@@ -231,6 +236,7 @@ def divide(a: Any, b: Any) -> Any:
         return _with_data_masked(a, a.data / b)
     if not is_sparse(a) and not is_sparse(b):
         return jnp.divide(a, b)
+    check_unbatched_args("divide", a, b)
     return apply_dense(jnp.divide, a, b)
 
 
@@ -255,6 +261,7 @@ def _add(a: Any, b: Any, name: str) -> Any:
     sa, sb = stype(a), stype(b)
     if sa == sb == "default":
         return jnp.add(a, b)
+    check_unbatched_args(name, a, b)
     if _bool_operands(a, b):
         return bool_via_int(lambda x, y: _add(x, y, name), a, b)
     if sa == sb == "row_sparse":

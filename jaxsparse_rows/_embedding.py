@@ -14,7 +14,7 @@ from jax.typing import ArrayLike
 
 from ._rows import _as_ids, _check_id_range, take
 from ._rowsparse import RowSparse
-from ._util import is_concrete
+from ._util import check_unbatched_args, is_concrete
 
 MODES = ("sum", "mean", "sqrtn", "max")
 
@@ -77,6 +77,7 @@ def embedding_bag(
       Array([[ 5. ,  6.5],
              [ 8. , 10. ]], dtype=float32)
     """
+    check_unbatched_args("embedding_bag", table)
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
     ids = _as_ids(ids)  # widened: `ids < n` below cannot wrap n

@@ -10,7 +10,7 @@ import numpy as np
 from ._csr import CSR, csr_matrix, whole_csr
 from ._ids import coalesce_rows
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import as_data, is_concrete
+from ._util import as_data, check_unbatched_args, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
@@ -47,6 +47,7 @@ def to_scipy(x: Any):
              [1., 2.],
              [0., 0.]], dtype=float32)
     """
+    check_unbatched_args("to_scipy", x)
     import scipy.sparse as sp
 
     if isinstance(x, RowSparse | CSR) and x.dtype.name in _SCIPY_UNSUPPORTED:
@@ -82,6 +83,7 @@ def to_bcoo(x: Any):
       >>> jsr.to_bcoo(a).todense().tolist()
       [[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]
     """
+    check_unbatched_args("to_bcoo", x)
     from jax.experimental import sparse as jsparse
 
     if isinstance(x, RowSparse):

@@ -12,7 +12,7 @@ from ._config import log_inference
 from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
-from ._util import ROWSPARSE_INDEXING, check_flag, segment_rows, zeros_rows
+from ._util import ROWSPARSE_INDEXING, check_flag, check_unbatched_args, segment_rows, zeros_rows
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -40,6 +40,7 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
       >>> jsr.sum(a, axis=1)
       Array([3., 0., 7.], dtype=float32)
     """
+    check_unbatched_args("sum", x)
     keepdims = check_flag(keepdims, "keepdims")
     if not is_sparse(x):
         return jnp.sum(x, axis=axis, keepdims=keepdims)
@@ -77,6 +78,7 @@ def square_sum(x: Any, axis: int | None = 1, keepdims: bool = True) -> Any:
       (RowSparse(float32[3, 1], rows=2), Array([[ 5.],
              [25.]], dtype=float32))
     """
+    check_unbatched_args("square_sum", x)
     keepdims = check_flag(keepdims, "keepdims")
     if isinstance(x, RowSparse) and axis is not None and _check_axis(x, axis) >= 1 and keepdims:
         axis = _check_axis(x, axis)
@@ -99,6 +101,7 @@ def norm(x: Any) -> jax.Array:
       >>> jsr.norm(jsr.row_sparse_array(([[3., 4.]], [1]), shape=(5, 2)))
       Array(5., dtype=float32)
     """
+    check_unbatched_args("norm", x)
     data = x.data if is_sparse(x) else jnp.asarray(x)
     # As jnp.linalg.norm: |x| for complex and a float result for integers
     # (and, as there, the squares of float16 values overflow past 256).

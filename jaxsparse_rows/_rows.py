@@ -19,6 +19,7 @@ from ._util import (
     as_int_array,
     capacity_check,
     check_static_int,
+    check_unbatched_args,
     index_dtype,
     is_concrete,
     zeros_rows,
@@ -134,6 +135,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
       Array([[8., 9.],
              [0., 0.]], dtype=float32)
     """
+    check_unbatched_args("take", x)
     ids = _as_ids(ids)
     if isinstance(x, RowSparse):
         _check_id_range(ids, x.shape[0], "ids")
@@ -168,6 +170,7 @@ def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
              [0., 0.],
              [0., 0.]], dtype=float32)
     """
+    check_unbatched_args("retain", x)
     if not isinstance(x, RowSparse):
         raise TypeError(f"`x` must be a RowSparse, got {type(x).__name__}.")
     rows = _as_ids(rows, "rows").reshape(-1)

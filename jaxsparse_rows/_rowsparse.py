@@ -22,6 +22,7 @@ from ._util import (
     capacity_check,
     check_static_int,
     check_unbatched,
+    check_unbatched_args,
     check_unflattened_ids,
     gather_rows,
     index_dtype,
@@ -55,6 +56,7 @@ def dense_numpy(x: Any, dtype: Any = None, copy: Any = None) -> np.ndarray:
 def host_dense(x: Any) -> np.ndarray:
     """The dense form as a new numpy array, scattered on the host when ``x`` is concrete
     (no device computation to compile for every new shape)."""
+    check_unbatched_args("a host copy", x)
     if not is_concrete(*jax.tree.leaves(x)):
         return np.array(x.todense())
     data, idx = np.asarray(x.data), np.asarray(x.indices)
@@ -331,6 +333,7 @@ class RowSparse(SparseOperators):
     def with_capacity(self, capacity: int) -> RowSparse:
         """Re-pads to ``capacity`` slots; shrinking below the real rows is an error
         when concrete and a ``checkify.debug_check`` under jit."""
+        check_unbatched_args("with_capacity", self)
         capacity = check_static_int(capacity, "capacity")
         k = self.capacity
         if capacity >= k:

@@ -12,7 +12,7 @@ import numpy as np
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, whole_csr
 from ._rowsparse import RowSparse, _as_shape
-from ._util import index_dtype, is_concrete
+from ._util import check_unbatched_args, index_dtype, is_concrete
 
 STYPES = ("default", "row_sparse", "csr")
 
@@ -154,6 +154,7 @@ def cast_storage(x: Any, stype: str) -> Any:
       (RowSparse(float32[2, 2], rows=2), Array([[1., 1.],
              [1., 1.]], dtype=float32))
     """
+    check_unbatched_args("cast_storage", x)
     stype = _check_stype(stype)
     src = _stype_of(x)
     log_inference("cast_storage", (src,), stype)
@@ -197,6 +198,7 @@ def apply_dense(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
       >>> out.shape, w[0].category.__name__
       ((2, 2), 'StorageFallbackWarning')
     """
+    check_unbatched_args("apply_dense", *args, *kwargs.values())
     stypes = tuple(_stype_of(a) for a in args)
     if any(s != "default" for s in stypes):
         warn_fallback(getattr(fn, "__name__", repr(fn)), stypes)

@@ -116,6 +116,13 @@ def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) 
     return f"{cls_name}({head}, {parts})"
 
 
+def check_unbatched_args(what: str, *args: Any) -> None:
+    """:func:`check_unbatched` for every sparse array among ``args``."""
+    for a in args:
+        if getattr(a, "stype", "default") != "default":
+            check_unbatched(a, what)
+
+
 def check_unbatched(x: Any, what: str) -> None:
     """Refuses a sparse array whose leaves ``jax.vmap`` stacked (its ids have
     leading batch axes) where ``what`` needs one array."""
@@ -380,5 +387,7 @@ def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
 
 
 def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:
-    """Reshapes a ``[k]`` mask so it broadcasts against ``[k, D1..Dn]`` data."""
-    return mask.reshape(mask.shape + (1,) * (ndim - 1))
+    """Reshapes a ``[k]`` mask so it broadcasts against ``[k, D1..Dn]`` data
+    (a ``[S.., k]`` mask of leaves stacked by ``jax.vmap`` against
+    ``[S.., k, D1..Dn]``)."""
+    return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))

@@ -171,6 +171,106 @@ def test_arrays_stacked_by_vmap_print_their_batch_and_refuse_todense():
         stacked.todense()
 
 
+def _stacks():
+    """A RowSparse [4 x 10 x 3] and a CSR [4 x 3 x 10] stacked by jax.vmap
+    (leading batch axis 4), and a dense [10, 3] and [3, 10] operand."""
+    rng = np.random.default_rng(8)
+    tables = jnp.asarray(rng.normal(size=(4, 10, 3)), jnp.float32)
+    rsp = jax.vmap(jsr.pull_rows)(tables, jnp.asarray(rng.integers(0, 10, (4, 5))))
+    dense = rng.normal(size=(3, 10)) * (rng.random((3, 10)) < 0.4)
+    csr = jax.vmap(lambda d: jsr.CSR.fromdense(d, nse=12))(jnp.asarray(np.stack([dense] * 4)))
+    return rsp, csr, jnp.ones((10, 3)), jnp.ones((3, 10))
+
+
+STACKED_MISUSES = {
+    "asnumpy": lambda r, c, x, y: r.asnumpy(),
+    "np.asarray": lambda r, c, x, y: np.asarray(c),
+    "plus dense": lambda r, c, x, y: r + x,
+    "times dense": lambda r, c, x, y: c * y,
+    "plus itself": lambda r, c, x, y: r + r,
+    "divide by dense": lambda r, c, x, y: r / x,
+    "sum": lambda r, c, x, y: jsr.sum(r),
+    "sum axis 0": lambda r, c, x, y: jsr.sum(r, axis=0),
+    "sum axis 1": lambda r, c, x, y: jsr.sum(c, axis=1),
+    "norm": lambda r, c, x, y: jsr.norm(c),
+    "square_sum": lambda r, c, x, y: jsr.square_sum(r),
+    "dot": lambda r, c, x, y: jsr.dot(c, x),
+    "dot transposed": lambda r, c, x, y: jsr.dot(r, x, transpose_a=True),
+    "dense dot": lambda r, c, x, y: jsr.dot(y, r),
+    "take": lambda r, c, x, y: jsr.take(r, jnp.array([1, 2])),
+    "retain": lambda r, c, x, y: jsr.retain(r, jnp.array([1])),
+    "embedding_bag": lambda r, c, x, y: jsr.embedding_bag(r, jnp.array([[1, 2]])),
+    "with_capacity": lambda r, c, x, y: r.with_capacity(8),
+    "cast_storage": lambda r, c, x, y: jsr.cast_storage(c, "row_sparse"),
+    "to_bcoo": lambda r, c, x, y: jsr.to_bcoo(r),
+    "row_ids": lambda r, c, x, y: c.row_ids(),
+    "row slicing": lambda r, c, x, y: c[0:2],
+    "check": lambda r, c, x, y: jsr.check(r),
+}
+
+
+@pytest.mark.parametrize("op", sorted(STACKED_MISUSES))
+def test_ops_refuse_arrays_stacked_by_vmap_outside_it(op):
+    """Outside vmap these merged the batch (``asnumpy``, ``+ dense``,
+    ``sum``), summed the wrong axis, returned extra axes or failed with raw
+    JAX errors; they now say to map over the batch."""
+    with pytest.raises(ValueError, match=r"needs one (RowSparse|CSR), got a batch of shape \(4,\)"):
+        STACKED_MISUSES[op](*_stacks())
+
+
+def test_ops_on_the_values_alone_take_stacked_arrays():
+    """Scaling, unary maps and casts touch only ``data``: no batch needed."""
+    r, c, _, _ = _stacks()
+    for y, x in ((r * 2, r), (jsr.abs(c), c), (r.astype(jnp.float16), r), (c / 2, c)):
+        assert y.data.shape == x.data.shape and y.indices.shape == x.indices.shape
+    np.testing.assert_array_equal(np.asarray((r * 2).data), 2 * np.asarray(r.data))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_of_stacked_views_scanned_over(jit):
+    """``jsr.grad`` with respect to views stacked by vmap and scanned over
+    (one per micro-batch) masked the padding with a [S, K] mask reshaped as
+    if it were [K]: the gradient's data came out [S, K, S, D]. For stacked
+    CSR batches it read the last batch's whole ``indptr`` row as the entry
+    count (a broadcasting error, or entries silently zeroed). Both now equal
+    ``jax.grad`` on the data leaf."""
+    from jax import lax
+
+    table = jnp.arange(20.0).reshape(10, 2) / 10
+    ids = jnp.array([[1, 2, 2], [10, 3, 3], [5, 1, 10]])  # 10: padding
+    views = jax.vmap(lambda i: jsr.pull_rows(table, i))(ids)
+
+    def loss_rows(vs):
+        body = lambda c, b: (c + jnp.sum(jsr.take(b[0], b[1]) ** 2), None)  # noqa: E731
+        return lax.scan(body, 0.0, (vs, ids))[0]
+
+    wrap = jax.jit if jit else (lambda f: f)
+    g = wrap(jsr.grad(loss_rows))(views)
+    want = jax.grad(lambda d: loss_rows(jsr.RowSparse._make(d, views.indices, views.shape)))
+    assert g.data.shape == views.data.shape and g.indices.shape == views.indices.shape
+    np.testing.assert_allclose(np.asarray(g.data), np.asarray(want(views.data)), rtol=1e-6)
+
+    # S = 5 batches of s + 1 entries in [4, 3] with nse = 5: S == M + 1 == nse,
+    # where the wrong mask broadcast without an error.
+    dense = []
+    for s in range(5):
+        d = np.zeros((4, 3), np.float32)
+        for j in range(s + 1):
+            d[j % 4, (2 * j + s) % 3] = j + 1.0
+        dense.append(d)
+    csrs = jax.tree.map(lambda *a: jnp.stack(a), *[jsr.CSR.fromdense(d, nse=5) for d in dense])
+    w = jnp.arange(1.0, 4.0)
+
+    def loss_csr(st):
+        return lax.scan(lambda c, x: (c + jnp.sum(jsr.dot(x, w) ** 2), None), 0.0, st)[0]
+
+    g = wrap(jsr.grad(loss_csr))(csrs)
+    want = jax.grad(lambda d: loss_csr(jsr.CSR._make(d, csrs.indices, csrs.indptr, csrs.shape)))(
+        csrs.data
+    )
+    np.testing.assert_allclose(np.asarray(g.data), np.asarray(want), rtol=1e-6)
+
+
 @pytest.mark.parametrize("index", [0, 3])
 def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
     """Bool flags and 0-d summaries are not row ids: optax.zero_nans, chex's
