@@ -259,7 +259,8 @@ class CSR(SparseOperators):
             return self.astype(jnp.int32).todense() != 0
         x = whole_csr(self)
         out = jnp.zeros(x.shape, x.data.dtype)
-        return out.at[x.row_ids(), x.indices].add(x.data, mode="drop")
+        cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
+        return out.at[x.row_ids(), cols].add(x.data, mode="drop")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

@@ -21,6 +21,7 @@ from ._storage import bool_via_int, operand_dtype, stype
 from ._util import (
     check_flag,
     check_unbatched_args,
+    fit_ids,
     gather_rows,
     index_dtype,
     segment_rows,
@@ -129,13 +130,14 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
             dtype = jnp.result_type(lhs, rhs.data)
             return jnp.zeros((lhs.shape[0],) + tuple(rhs.shape[1:]), dtype)
         if sr == "row_sparse" and rhs.ndim == 2:
-            cols = lhs.at[:, rhs.indices].get(mode="fill", fill_value=0)
+            ids = fit_ids(rhs.indices, lhs.shape[1])
+            cols = lhs.at[:, ids].get(mode="fill", fill_value=0)
             return cols @ rhs.data
         if sr == "csr":
             gathered = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0)
             contrib = gathered * rhs.data[None, :]
             out = jnp.zeros((lhs.shape[0], rhs.shape[1]), contrib.dtype)
-            return out.at[:, rhs.indices].add(contrib, mode="drop")
+            return out.at[:, fit_ids(rhs.indices, rhs.shape[1])].add(contrib, mode="drop")
     if sl == sr == "default":
         return jnp.dot(lhs.T if transpose_a else lhs, rhs)
     return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)

@@ -12,7 +12,14 @@ from ._config import log_inference
 from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
-from ._util import ROWSPARSE_INDEXING, check_flag, check_unbatched_args, segment_rows, zeros_rows
+from ._util import (
+    ROWSPARSE_INDEXING,
+    check_flag,
+    check_unbatched_args,
+    fit_ids,
+    segment_rows,
+    zeros_rows,
+)
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -58,7 +65,8 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
     x = whole_csr(x)  # the entries' rows and columns place them
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
-        out = jnp.zeros((x.shape[1],), data.dtype).at[x.indices].add(data, mode="drop")
+        cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
+        out = jnp.zeros((x.shape[1],), data.dtype).at[cols].add(data, mode="drop")
         return out[None] if keepdims else out
     out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out

@@ -24,6 +24,7 @@ from ._util import (
     check_unbatched,
     check_unbatched_args,
     check_unflattened_ids,
+    fit_ids,
     gather_rows,
     index_dtype,
     is_concrete,
@@ -301,7 +302,8 @@ class RowSparse(SparseOperators):
         """
         check_unbatched(self, "todense")
         zeros = zeros_rows(self.shape[0], self.data)
-        return zeros.at[self.indices].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
+        ids = fit_ids(self.indices, self.shape[0])  # an int64 id past 2**32 must not wrap
+        return zeros.at[ids].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

@@ -551,3 +551,30 @@ def test_values_only_ops_of_a_sharded_csr_keep_its_sharding():
             g = wrap(jax.grad(loss))(xs.data, xs)
             assert jax.typeof(g).sharding.spec[0] == "b", jax.typeof(g)
             np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x.data), rtol=1e-6)
+
+
+def test_int64_ids_past_2_32_are_dropped_not_wrapped():
+    """XLA:CPU keeps the low 32 bits of a 64-bit index: a malformed column id
+    2**32 + 1 (unchecked under jit) went into column 1 in ``todense``,
+    ``sum(axis=0)`` and ``dense @ csr``, where ``csr @ dense`` drops it; a
+    RowSparse row id likewise in ``todense`` and ``dense @ rsp``. All drop
+    it now."""
+    with jax.enable_x64(True):
+        big = jnp.array([2**32 + 1], jnp.int64)
+        csr = lambda c: jsr.CSR._make(jnp.ones(1), c, jnp.array([0, 1], jnp.int64), (1, 4))  # noqa: E731
+        rsp = lambda r: jsr.RowSparse._make(jnp.ones((1, 2)), r, (4, 2))  # noqa: E731
+        f = jax.jit(
+            lambda c, r: (
+                csr(c).todense(),
+                jsr.sum(csr(c), axis=0),
+                jsr.dot(jnp.ones((2, 1)), csr(c)),
+                rsp(r).todense(),
+                jsr.dot(jnp.ones((3, 4)), rsp(r)),
+            )
+        )
+        for out in f(big, big):
+            np.testing.assert_array_equal(np.asarray(out), np.zeros(out.shape))
+        # the same entries at a real id land where they should
+        real = [np.asarray(o) for o in f(jnp.array([1], jnp.int64), jnp.array([1], jnp.int64))]
+        assert real[0][0, 1] == 1 and real[1][1] == 1 and real[2][0, 1] == 1
+        assert real[3][1].tolist() == [1, 1] and real[4][0].tolist() == [1, 1]
