@@ -127,6 +127,13 @@ def check_unbatched(x: Any, what: str) -> None:
     """Refuses a sparse array whose leaves ``jax.vmap`` stacked (its ids have
     leading batch axes) where ``what`` needs one array."""
     ids = x.indptr if hasattr(x, "indptr") else x.indices
+    if getattr(ids, "ndim", 1) == 0:
+        raise ValueError(
+            f"{what} needs one {type(x).__name__}, got one whose row ids are a scalar: "
+            "jax.vmap over the rows of a RowSparse (axis 0 of its `data` and `indices`) "
+            "would break its sorted-unique invariant. Map over a dense array instead, e.g. "
+            "`jax.vmap(f)(x.todense())`, or over rows looked up with `jsr.take`."
+        )
     if getattr(ids, "ndim", 1) != 1:
         name = type(x).__name__
         raise ValueError(

@@ -218,6 +218,26 @@ def test_ops_refuse_arrays_stacked_by_vmap_outside_it(op):
         STACKED_MISUSES[op](*_stacks())
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda r: jsr.take(r, jnp.array([4])),
+        lambda r: r.todense(),
+        lambda r: jsr.retain(r, jnp.array([4])),
+        lambda r: jsr.sum(r, axis=1),
+        lambda r: r + jnp.ones((8, 3)),
+    ],
+    ids=["take", "todense", "retain", "sum", "plus dense"],
+)
+def test_vmap_over_the_rows_of_a_rowsparse_is_refused_by_name(op):
+    """``jax.vmap`` over a RowSparse's rows (axis 0 of data and indices) gave
+    an IndexError, "a batch of shape ()", or (``+ dense``) a wrong [3, 8, 3]
+    result; the docs say it does not apply, and the error now says so."""
+    v = jsr.pull_rows(jnp.ones((8, 3)), jnp.array([1, 4, 6]))
+    with pytest.raises(ValueError, match=r"row ids are a scalar: jax.vmap over the rows"):
+        jax.vmap(op)(v)
+
+
 def test_ops_on_the_values_alone_take_stacked_arrays():
     """Scaling, unary maps and casts touch only ``data``: no batch needed."""
     r, c, _, _ = _stacks()
