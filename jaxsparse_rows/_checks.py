@@ -8,14 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._csr import CSR
+from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
 
 
-def _rowsparse_conditions(x: RowSparse, *, data: bool = True) -> list[tuple[Any, str]]:
-    """The invariants of ``x`` as ``(condition, message)`` pairs: its row ids,
-    then (``data=True``) the zero data of its padding slots."""
+def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
     n = x.shape[0]
     idx = x.indices
     conds = [
@@ -31,8 +29,6 @@ def _rowsparse_conditions(x: RowSparse, *, data: bool = True) -> list[tuple[Any,
                 "(id N) only at the end.",
             )
         )
-    if not data:
-        return conds
     pad = idx >= n
     pad_mask = pad.reshape(pad.shape + (1,) * (x.ndim - 1))
     conds.append(
@@ -97,7 +93,7 @@ def check(x: Any) -> None:
     if isinstance(x, RowSparse):
         conds = _rowsparse_conditions(x)
     elif isinstance(x, CSR):
-        conds = _csr_conditions(x)
+        conds = _csr_conditions(whole_csr(x))
     else:
         raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
     concrete = all(is_concrete(c) for c, _ in conds)

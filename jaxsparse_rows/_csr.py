@@ -226,9 +226,10 @@ class CSR(SparseOperators):
         return self.indptr[-1]
 
     def row_ids(self) -> jax.Array:
-        """``[nse]`` row id of every entry slot (``M`` for padding)."""
+        """``[nse]`` row id of every entry slot (``M`` for padding); replicated
+        where ``indptr`` is sharded over explicit mesh axes."""
         check_unbatched_args("row_ids", self)
-        return csr_row_ids(self.indptr, self.nse)
+        return csr_row_ids(replicated(self.indptr), self.nse)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -260,7 +261,7 @@ class CSR(SparseOperators):
         x = whole_csr(self)
         out = jnp.zeros(x.shape, x.data.dtype)
         cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
-        return out.at[x.row_ids(), cols].add(x.data, mode="drop")
+        return out.at[x.row_ids(), cols].add(x.data, mode="drop", wrap_negative_indices=False)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

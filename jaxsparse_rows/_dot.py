@@ -131,13 +131,14 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
             return jnp.zeros((lhs.shape[0],) + tuple(rhs.shape[1:]), dtype)
         if sr == "row_sparse" and rhs.ndim == 2:
             ids = fit_ids(rhs.indices, lhs.shape[1])
-            cols = lhs.at[:, ids].get(mode="fill", fill_value=0)
+            cols = lhs.at[:, ids].get(mode="fill", fill_value=0, wrap_negative_indices=False)
             return cols @ rhs.data
         if sr == "csr":
             gathered = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0)
             contrib = gathered * rhs.data[None, :]
             out = jnp.zeros((lhs.shape[0], rhs.shape[1]), contrib.dtype)
-            return out.at[:, fit_ids(rhs.indices, rhs.shape[1])].add(contrib, mode="drop")
+            cols = fit_ids(rhs.indices, rhs.shape[1])
+            return out.at[:, cols].add(contrib, mode="drop", wrap_negative_indices=False)
     if sl == sr == "default":
         return jnp.dot(lhs.T if transpose_a else lhs, rhs)
     return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)

@@ -40,6 +40,7 @@ from ._storage import apply_dense, bool_via_int, is_sparse, operand_dtype, stype
 from ._util import (
     broadcast_row_mask,
     check_unbatched_args,
+    fit_ids,
     gather_rows,
     index_dtype,
     segments_of_sorted,
@@ -355,11 +356,12 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
             f"adding a sparse {sparse.shape} array to a dense {tuple(dense.shape)} array "
             f"would broadcast the sparse operand to {shape}; that is not supported."
         )
-    data = sparse.data.astype(dtype)
     if isinstance(sparse, RowSparse):
-        return scatter_sorted_rows(base, sparse.indices, data, add=True)
+        return scatter_sorted_rows(base, sparse.indices, sparse.data.astype(dtype), add=True)
     sparse = whole_csr(sparse)
-    return base.at[sparse.row_ids(), sparse.indices].add(sparse.data.astype(dtype), mode="drop")
+    cols = fit_ids(sparse.indices, sparse.shape[1])  # an int64 id past 2**32 must not wrap
+    data = sparse.data.astype(dtype)
+    return base.at[sparse.row_ids(), cols].add(data, mode="drop", wrap_negative_indices=False)
 
 
 def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
@@ -396,7 +398,8 @@ def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
         return CSR._make(a.data * jnp.zeros((), b.dtype), a.indices, a.indptr, a.shape)
     a = whole_csr(a)  # the entries' rows and columns pick b's values
     b2 = jnp.broadcast_to(b, a.shape)
-    vals = b2.at[a.row_ids(), a.indices].get(mode="fill", fill_value=0)
+    cols = fit_ids(a.indices, a.shape[1])  # an int64 id past 2**32 must not wrap
+    vals = b2.at[a.row_ids(), cols].get(mode="fill", fill_value=0, wrap_negative_indices=False)
     return CSR._make(a.data * vals, a.indices, a.indptr, a.shape)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, csr_matrix, whole_csr
 from ._ids import coalesce_rows
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import as_data, check_unbatched_args, is_concrete
+from ._util import as_data, check_unbatched_args, fit_ids, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
@@ -71,6 +72,13 @@ def to_scipy(x: Any):
     raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
 
 
+def _bcoo_ids(ids: jax.Array, n: int) -> jax.Array:
+    """Ids for a BCOO: a malformed one (negative, or a 64-bit one past 2**32,
+    which XLA:CPU would wrap) becomes ``n``, which BCOO ignores as padding."""
+    ids = fit_ids(ids, n)
+    return jnp.where((ids < 0) | (ids > n), jnp.asarray(n, ids.dtype), ids)
+
+
 def to_bcoo(x: Any):
     """A ``jax.experimental.sparse.BCOO`` with the same stored entries.
 
@@ -87,10 +95,10 @@ def to_bcoo(x: Any):
     from jax.experimental import sparse as jsparse
 
     if isinstance(x, RowSparse):
-        return jsparse.BCOO((x.data, x.indices[:, None]), shape=x.shape)
+        return jsparse.BCOO((x.data, _bcoo_ids(x.indices, x.shape[0])[:, None]), shape=x.shape)
     if isinstance(x, CSR):
         x = whole_csr(x)
-        idx = jnp.stack([x.row_ids(), x.indices], axis=1)
+        idx = jnp.stack([x.row_ids(), _bcoo_ids(x.indices, x.shape[1])], axis=1)
         return jsparse.BCOO((x.data, idx), shape=x.shape)
     raise TypeError(f"`x` must be a RowSparse or CSR, got {type(x).__name__}.")
 

@@ -61,12 +61,16 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
             return jnp.sum(x.data, axis=0, keepdims=keepdims)
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
         out = zeros_rows(x.shape[0], reduced)
-        return out.at[x.indices].set(reduced, mode="drop", **ROWSPARSE_INDEXING)
+        ids = fit_ids(x.indices, x.shape[0])  # an int64 id past 2**32 must not wrap
+        return out.at[ids].set(
+            reduced, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING
+        )
     x = whole_csr(x)  # the entries' rows and columns place them
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
         cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
-        out = jnp.zeros((x.shape[1],), data.dtype).at[cols].add(data, mode="drop")
+        out = jnp.zeros((x.shape[1],), data.dtype)
+        out = out.at[cols].add(data, mode="drop", wrap_negative_indices=False)
         return out[None] if keepdims else out
     out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out

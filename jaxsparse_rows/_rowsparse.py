@@ -303,7 +303,9 @@ class RowSparse(SparseOperators):
         check_unbatched(self, "todense")
         zeros = zeros_rows(self.shape[0], self.data)
         ids = fit_ids(self.indices, self.shape[0])  # an int64 id past 2**32 must not wrap
-        return zeros.at[ids].set(self.data, mode="drop", **ROWSPARSE_INDEXING)
+        return zeros.at[ids].set(
+            self.data, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING
+        )
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

@@ -557,8 +557,9 @@ def test_int64_ids_past_2_32_are_dropped_not_wrapped():
     """XLA:CPU keeps the low 32 bits of a 64-bit index: a malformed column id
     2**32 + 1 (unchecked under jit) went into column 1 in ``todense``,
     ``sum(axis=0)`` and ``dense @ csr``, where ``csr @ dense`` drops it; a
-    RowSparse row id likewise in ``todense`` and ``dense @ rsp``. All drop
-    it now."""
+    RowSparse row id likewise in ``todense`` and ``dense @ rsp`` (and in
+    ``sum(axis=1)``, ``+ dense``, ``* dense`` and ``to_bcoo``); a negative
+    one, clipped to -1, landed in the last row or column. All drop them now."""
     with jax.enable_x64(True):
         big = jnp.array([2**32 + 1], jnp.int64)
         csr = lambda c: jsr.CSR._make(jnp.ones(1), c, jnp.array([0, 1], jnp.int64), (1, 4))  # noqa: E731
@@ -570,10 +571,17 @@ def test_int64_ids_past_2_32_are_dropped_not_wrapped():
                 jsr.dot(jnp.ones((2, 1)), csr(c)),
                 rsp(r).todense(),
                 jsr.dot(jnp.ones((3, 4)), rsp(r)),
+                jsr.sum(rsp(r), axis=1),
+                jsr.add(csr(c), jnp.zeros((1, 4))),
+                jsr.multiply(csr(c), jnp.ones((1, 4))).todense(),
+                jsr.to_bcoo(csr(c)).todense(),
+                jsr.to_bcoo(rsp(r)).todense(),
             )
         )
-        for out in f(big, big):
-            np.testing.assert_array_equal(np.asarray(out), np.zeros(out.shape))
+        # too large (past 2**32) and negative (large or -1): all dropped
+        for bad in (big, jnp.array([-1], jnp.int64), jnp.array([-(2**40)], jnp.int64)):
+            for out in f(bad, bad):
+                np.testing.assert_array_equal(np.asarray(out), np.zeros(out.shape))
         # the same entries at a real id land where they should
         real = [np.asarray(o) for o in f(jnp.array([1], jnp.int64), jnp.array([1], jnp.int64))]
         assert real[0][0, 1] == 1 and real[1][1] == 1 and real[2][0, 1] == 1

@@ -236,6 +236,22 @@ def test_a_line_longer_than_many_chunks_is_read_whole(tmp_path):
     np.testing.assert_array_equal(np.asarray(batch.x.todense()), want)
 
 
+def test_load_from_a_pipe(tmp_path):
+    """Checking for a compressed file must not seek: a pipe (``/dev/stdin``,
+    ``<(zcat f.gz)``) cannot, and reading one failed."""
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe.svm"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("1 1:2\n-1 3:4\n"))
+    writer.start()
+    x, y = jsr.io.load_libsvm(fifo, num_features=3)
+    writer.join()
+    np.testing.assert_array_equal(dense_np(x), [[2, 0, 0], [0, 0, 4]])
+    np.testing.assert_array_equal(np.asarray(y), [1, -1])
+
+
 def test_num_features_too_small(tmp_path):
     path = tmp_path / "nf.svm"
     path.write_text("1 1:1\n1 7:1\n")

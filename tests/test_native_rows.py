@@ -647,7 +647,9 @@ with jax.set_mesh(mesh):
     on = NamedSharding(mesh, P("x"))
     xs = jsr.CSR(jax.device_put(x.data, on), jax.device_put(x.indices, on), x.indptr, x.shape)
     got = {{op: jax.jit(f)(xs, w) for op, (f, _) in SHARDED_OPS.items()}}
-print("sharded_csr", _spec(xs.data) == ("x",), all(
+    jsr.check(xs)
+    same_rows = np.array_equal(np.asarray(xs.row_ids()), np.asarray(x.row_ids()))
+print("sharded_csr", _spec(xs.data) == ("x",), same_rows, all(
     np.allclose(np.asarray(got[op], np.float64), want(oracle(x), w), rtol=2e-3, atol=1e-6)
     for op, (_, want) in SHARDED_OPS.items()))
 """
@@ -660,9 +662,9 @@ print("sharded_csr", _spec(xs.data) == ("x",), all(
     # A take from a pull_rows view with batch-sharded ids keeps the ids'
     # sharding (its search was gathered whole and came back replicated).
     assert "take_of_view True True" in lines, proc.stdout
-    # A CSR whose entries are sharded over the two devices: every op of
-    # test_csr.SHARDED_OPS against its oracle.
-    assert "sharded_csr True True" in lines, proc.stdout
+    # A CSR whose entries are sharded over the two devices: `check`, its row
+    # ids and every op of test_csr.SHARDED_OPS against its oracle.
+    assert "sharded_csr True True True" in lines, proc.stdout
     skip = ("True", "False", "take_of_view", "sharded_csr")
     ops = [ln for ln in lines if ln.split()[0] not in skip]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout

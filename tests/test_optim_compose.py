@@ -185,6 +185,22 @@ def test_optax_transforms_that_keep_ids_integer_are_refused_by_apply_updates(pla
     np.testing.assert_allclose(np.asarray(jsr.optim.apply_updates(w, u)), expected)
 
 
+def test_stacked_updates_are_refused_by_the_optimizers_and_apply_updates():
+    """A RowSparse stacked by jax.vmap (a batch of updates) was summed into
+    one parameter by ``apply_updates`` and taken by the lazy rules."""
+    w = jnp.zeros((6, 2))
+    stacked = jax.vmap(lambda i: jsr.RowSparse(jnp.ones((3, 2)), i, (6, 2)))(
+        jnp.array([[0, 2, 4], [1, 5, 6]])
+    )
+    with pytest.raises(
+        ValueError, match=r"apply_updates \(the update of `params\['w'\]`\) needs one"
+    ):
+        jsr.optim.apply_updates({"w": w}, {"w": stacked})
+    for opt in (jsr.optim.lazy_adam(0.1), jsr.optim.lazy_sgd(0.1)):
+        with pytest.raises(ValueError, match=r"the update of `params\['w'\]` needs one RowSparse"):
+            opt.update({"w": stacked}, opt.init({"w": w}), {"w": w})
+
+
 def test_zero_nans_lifted_keeps_its_state_structure():
     """Plain ``optax.zero_nans`` maps its NaN test over the row ids too, so its
     state turned from a bool per parameter into a RowSparse of bools after one

@@ -227,24 +227,23 @@ def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]
     number of each piece's first line."""
     line, pending = 1, []  # pending: the pieces of the unfinished last line
     with open(path, "rb") as f:
-        _check_not_compressed(f.read(8), path)
-        f.seek(0)
-        while True:
-            chunk = f.read(chunk_bytes)
-            if chunk:
-                cut = chunk.rfind(b"\n") + 1
-                if cut == 0:  # a line longer than the chunk: keep reading
-                    pending.append(chunk)
-                    continue
+        # The first read holds a compressed file's magic number (no seeking
+        # back to check it: a pipe cannot).
+        chunk = f.read(max(chunk_bytes, 8))
+        _check_not_compressed(chunk, path)
+        while chunk:
+            cut = chunk.rfind(b"\n") + 1
+            if cut == 0:  # a line longer than the chunk: keep reading
+                pending.append(chunk)
+            else:
                 text = b"".join([*pending, chunk[:cut]])
                 pending = [chunk[cut:]]
-            else:
-                text = b"".join(pending)
-            if text:
                 yield text, line
                 line += text.count(b"\n")
-            if not chunk:
-                return
+            chunk = f.read(chunk_bytes)
+        text = b"".join(pending)  # a last line without a newline
+        if text:
+            yield text, line
 
 
 def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20) -> Parsed:

@@ -7,9 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._checks import _rowsparse_conditions
 from .._operators import SparseOperators
-from .._util import as_jax, is_concrete
+from .._util import as_jax, check_unbatched, is_concrete
 from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, path_name, scatter_rows
 
 
@@ -42,23 +41,35 @@ def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
     )
 
 
+@jax.jit
+def _row_ids_ok(ids: jax.Array, n: jax.Array) -> jax.Array:
+    """One program, one scalar: every id in ``[0, n]``, and the real ones
+    (``< n``) strictly increasing, padding (``n``) only after them."""
+    ok = jnp.all((ids >= 0) & (ids <= n))
+    if ids.shape[0] > 1:
+        ok &= jnp.all(jnp.where(ids[1:] < n, ids[1:] > ids[:-1], True))
+    return ok
+
+
 def _check_row_ids(path: str, u: Any) -> None:
     """Refuses a RowSparse update whose concrete row ids are out of range,
     unsorted or repeated: what an optax transform that maps over every leaf
-    (``scale_by_schedule``, ``scale_by_sign``, ...) makes of them. Under a
-    trace the ids are unknown and nothing is checked."""
-    if not is_concrete(u.indices):
+    (``scale_by_schedule``, ``scale_by_sign``, ...) makes of them. One small
+    program and one wait for its result; under a trace the ids are unknown and
+    nothing is checked (``jsr.check`` inside ``checkify`` checks them there)."""
+    if not is_concrete(u.indices) or u.indices.shape[0] == 0:
         return
-    for cond, message in _rowsparse_conditions(u, data=False):
-        if not bool(cond):
-            raise ValueError(
-                f"the RowSparse update for `{path_name(path)}` has invalid row ids "
-                f"{u.indices}: {message} An optax transform that maps over every leaf also "
-                "maps the row ids (see 'Which optax transforms are safe on RowSparse "
-                "updates' in the optimizers guide); wrap it in "
-                "`jsr.optim.lift_elementwise(...)`. Under jax.jit this is not checked: "
-                "call `jsr.check(update)` inside `checkify` to check it there."
-            )
+    n = u.shape[0]
+    if bool(_row_ids_ok(u.indices, jnp.asarray(n, u.indices.dtype))):
+        return
+    raise ValueError(
+        f"the RowSparse update for `{path_name(path)}` has invalid row ids {u.indices}: they "
+        f"must lie in [0, {n}] ({n} marks padding), sorted ascending without duplicates. An "
+        "optax transform that maps over every leaf also maps the row ids; see 'Which optax "
+        "transforms are safe on RowSparse updates' in the optimizers guide for its "
+        "replacement (often `jsr.optim.lift_elementwise(...)`). Under jax.jit this is not "
+        "checked: call `jsr.check(update)` inside `checkify` to check it there."
+    )
 
 
 def apply_updates(params: Any, updates: Any) -> Any:
@@ -127,6 +138,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
         p = as_jax(p)
         _check_update_dtype(path, p.dtype, u.dtype)
         if is_rowsparse(u):
+            check_unbatched(u, f"apply_updates (the update of `{path_name(path)}`)")
             _check_row_ids(path, u)
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:

@@ -14,6 +14,7 @@ from .._operators import SparseOperators
 from .._row_moves import gather_sorted_rows, scatter_sorted_rows
 from .._rowsparse import RowSparse, mask_padding
 from .._storage import stype
+from .._util import check_unbatched
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "
@@ -155,6 +156,8 @@ def _check_update_leaf(path: str, leaf: Any) -> None:
             f"the gradient for `{path_name(path)}` is a {type(leaf).__name__}; gradients "
             "and updates are dense arrays or RowSparse (parameters are dense)."
         )
+    if is_rowsparse(leaf):
+        check_unbatched(leaf, f"the update of `{path_name(path)}`")
 
 
 def check_inexact(path: str, grad: Any) -> None:
