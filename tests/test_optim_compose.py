@@ -185,6 +185,18 @@ def test_optax_transforms_that_keep_ids_integer_are_refused_by_apply_updates(pla
     np.testing.assert_allclose(np.asarray(jsr.optim.apply_updates(w, u)), expected)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int16, jnp.uint32, jnp.int32])
+def test_apply_updates_checks_ids_of_any_int_dtype(dtype):
+    """The check compares in the ids' own dtype, where the padding id (300
+    here) may not fit: valid ids pass, repeated ones are refused."""
+    w = jnp.zeros((300, 1))
+    ok = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([3, 100], dtype), (300, 1))
+    np.testing.assert_array_equal(np.flatnonzero(jsr.optim.apply_updates(w, ok)), [3, 100])
+    bad = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([100, 100], dtype), (300, 1))
+    with pytest.raises(ValueError, match="invalid row ids"):
+        jsr.optim.apply_updates(w, bad)
+
+
 def test_stacked_updates_are_refused_by_the_optimizers_and_apply_updates():
     """A RowSparse stacked by jax.vmap (a batch of updates) was summed into
     one parameter by ``apply_updates`` and taken by the lazy rules."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -41,13 +42,17 @@ def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
     )
 
 
-@jax.jit
-def _row_ids_ok(ids: jax.Array, n: jax.Array) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=1)
+def _row_ids_ok(ids: jax.Array, n: int) -> jax.Array:
     """One program, one scalar: every id in ``[0, n]``, and the real ones
-    (``< n``) strictly increasing, padding (``n``) only after them."""
-    ok = jnp.all((ids >= 0) & (ids <= n))
+    (``< n``) strictly increasing, padding (``n``) only after them. Compared
+    in the ids' own dtype; a padding id ``n`` that it cannot hold bounds
+    nothing."""
+    fits = n <= jnp.iinfo(ids.dtype).max
+    ok = jnp.all(ids >= 0) & (jnp.all(ids <= n) if fits else True)
     if ids.shape[0] > 1:
-        ok &= jnp.all(jnp.where(ids[1:] < n, ids[1:] > ids[:-1], True))
+        real = ids[1:] < n if fits else jnp.ones(ids.shape[0] - 1, bool)
+        ok &= jnp.all(jnp.where(real, ids[1:] > ids[:-1], True))
     return ok
 
 
@@ -60,7 +65,7 @@ def _check_row_ids(path: str, u: Any) -> None:
     if not is_concrete(u.indices) or u.indices.shape[0] == 0:
         return
     n = u.shape[0]
-    if bool(_row_ids_ok(u.indices, jnp.asarray(n, u.indices.dtype))):
+    if bool(_row_ids_ok(u.indices, n)):
         return
     raise ValueError(
         f"the RowSparse update for `{path_name(path)}` has invalid row ids {u.indices}: they "
