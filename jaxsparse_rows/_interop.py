@@ -11,7 +11,7 @@ import numpy as np
 from ._csr import CSR, csr_matrix, whole_csr
 from ._ids import coalesce_rows
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import as_data, check_unbatched_args, fit_ids, is_concrete
+from ._util import as_data, check_unbatched_args, fit_ids, index_dtype, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
@@ -75,8 +75,8 @@ def to_scipy(x: Any):
 def _bcoo_ids(ids: jax.Array, n: int) -> jax.Array:
     """Ids for a BCOO: a malformed one (negative, or a 64-bit one past 2**32,
     which XLA:CPU would wrap) becomes ``n``, which BCOO ignores as padding."""
-    ids = fit_ids(ids, n)
-    return jnp.where((ids < 0) | (ids > n), jnp.asarray(n, ids.dtype), ids)
+    ids = fit_ids(ids, n).astype(index_dtype())  # n may not fit a small id dtype
+    return jnp.where((ids < 0) | (ids > n), n, ids)
 
 
 def to_bcoo(x: Any):

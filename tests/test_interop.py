@@ -202,3 +202,13 @@ def test_from_bcoo_refuses_negative_indices_in_every_layout(stype):
     # Indices >= shape are BCOO padding, dropped as BCOO.todense drops them.
     padded = jsparse.BCOO((jnp.array([1.0, 2.0]), jnp.array([[3, 0], [1, 1]])), shape=(3, 2))
     np.testing.assert_array_equal(jsr.from_bcoo(padded, stype=stype).asnumpy(), padded.todense())
+
+
+def test_to_bcoo_takes_small_id_dtypes_and_drops_malformed_ids():
+    """int8 row ids of a 300-row RowSparse (whose padding id 300 int8 cannot
+    hold) convert; a negative id (malformed, unchecked under jit) becomes
+    BCOO padding instead of wrapping to the last row."""
+    r = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([3, 120], jnp.int8), (300, 1))
+    np.testing.assert_array_equal(np.flatnonzero(jsr.to_bcoo(r).todense()), [3, 120])
+    bad = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([3, -5], jnp.int8), (300, 1))
+    np.testing.assert_array_equal(np.flatnonzero(jax.jit(jsr.to_bcoo)(bad).todense()), [3])
