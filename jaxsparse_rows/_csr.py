@@ -26,6 +26,7 @@ from ._util import (
     fit_ids,
     index_dtype,
     is_concrete,
+    is_shape_tuple,
     replicated,
     shape_str,
     stacked_repr,
@@ -399,16 +400,25 @@ class CSR(SparseOperators):
 def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> CSR:
     """Creates a CSR matrix, MXNet / scipy style.
 
-    ``arg`` is ``(data, indices, indptr)``, a dense 2-D array-like, a CSR, or a
-    ``scipy.sparse`` matrix. With concrete input, column ids are sorted within
-    each row and duplicates summed.
+    ``arg`` is ``(data, indices, indptr)``, a dense 2-D array-like, a CSR, a
+    ``scipy.sparse`` matrix, or a shape ``(M, N)`` for an empty matrix (as
+    ``jsr.zeros("csr", (M, N))``). With concrete input, column ids are sorted
+    within each row and duplicates summed.
 
     Example:
       >>> import jaxsparse_rows as jsr
       >>> x = jsr.csr_matrix(([1., 2., 3.], [2, 0, 0], [0, 3, 3]), shape=(2, 3))
       >>> x.data, x.indices
       (Array([5., 1.], dtype=float32), Array([0, 2], dtype=int32))
+      >>> jsr.csr_matrix((2, 3))
+      CSR(float32[2, 3], nnz=0)
     """
+    if is_shape_tuple(arg):
+        from ._storage import zeros
+
+        if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
+            raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
+        return zeros("csr", arg, jnp.float32 if dtype is None else dtype)
     if isinstance(arg, CSR):
         if shape is not None and tuple(shape) != arg.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {arg.shape}.")

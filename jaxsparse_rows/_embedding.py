@@ -99,7 +99,11 @@ def embedding_bag(
         if isinstance(padding_id, bool) or not number or not float(padding_id).is_integer():
             raise TypeError(f"`padding_id` must be a Python int, got {padding_id!r}.")
         padding_id = int(padding_id)
-        keep = keep & (ids != padding_id)
+        info = np.iinfo(ids.dtype)
+        if info.min <= padding_id <= info.max:
+            keep = keep & (ids != padding_id)
+        else:  # no id of this dtype can equal it (and comparing would overflow)
+            padding_id = None
     if is_concrete(ids):
         host = np.asarray(ids)
         if padding_id is not None:

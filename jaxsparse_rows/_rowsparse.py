@@ -28,6 +28,7 @@ from ._util import (
     gather_rows,
     index_dtype,
     is_concrete,
+    is_shape_tuple,
     segment_rows,
     shape_str,
     stacked_repr,
@@ -416,7 +417,8 @@ def row_sparse_array(
     """Creates a RowSparse array, MXNet style.
 
     ``arg`` is ``(data, indices)`` (lists, numpy or jax arrays), a dense array,
-    or another RowSparse. When ``indices`` are concrete (``data`` may be traced),
+    another RowSparse, or a shape ``(N, D1..)`` for an empty array (as
+    ``jsr.zeros("row_sparse", shape)``). When ``indices`` are concrete (``data`` may be traced),
     unsorted indices are sorted and duplicate indices are summed, and ids outside
     ``[0, N)`` raise ``ValueError``. Traced ``indices`` are assumed canonical,
     and later scatters rely on it (duplicates give unspecified results); use
@@ -435,7 +437,15 @@ def row_sparse_array(
       >>> a.indices, a.data
       (Array([1, 4], dtype=int32), Array([[1., 2.],
              [4., 5.]], dtype=float32))
+      >>> jsr.row_sparse_array((4, 2))
+      RowSparse(float32[4, 2], rows=0)
     """
+    if is_shape_tuple(arg):
+        from ._storage import zeros
+
+        if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
+            raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
+        return zeros("row_sparse", arg, jnp.float32 if dtype is None else dtype)
     if isinstance(arg, RowSparse):
         if shape is not None and _as_shape(shape) != arg.shape:
             raise ValueError(

@@ -398,3 +398,13 @@ def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:
     (a ``[S.., k]`` mask of leaves stacked by ``jax.vmap`` against
     ``[S.., k, D1..Dn]``)."""
     return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
+
+
+def is_shape_tuple(arg: Any) -> bool:
+    """True for a tuple of ints (a shape): the MXNet / scipy ``(M, N)`` form
+    of a constructor, which builds an empty array."""
+    return (
+        isinstance(arg, tuple)
+        and len(arg) > 0
+        and all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in arg)
+    )

@@ -332,3 +332,16 @@ def test_narrow_id_dtypes_do_not_wrap_the_row_count(dtype, jit_mode):
     np.testing.assert_array_equal(got, np.stack(want))
     err, _ = jax.jit(checkify.checkify(lambda i: jsr.check_ids(i, v)))(jnp.asarray(ids, dtype))
     err.throw()
+
+
+@pytest.mark.parametrize("padding_id", [2**40, -(2**40), 2**31])
+def test_a_padding_id_no_id_can_equal_skips_nothing(jit_mode, padding_id):
+    """A padding_id outside the ids' dtype failed with an OverflowError naming
+    neither the argument nor the library; no id can equal it, so it skips
+    nothing."""
+    table = jnp.arange(6.0).reshape(3, 2)
+    ids = jnp.array([[0, 2], [1, 1]])
+    got = jit_mode(lambda t, i: jsr.embedding_bag(t, i, mode="sum", padding_id=padding_id))(
+        table, ids
+    )
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(table)[np.asarray(ids)].sum(1))

@@ -407,3 +407,21 @@ def test_row_sparse_array_from_empty_lists(shape):
     x = jsr.row_sparse_array(([], []), shape=shape)
     assert x.shape == shape and x.capacity == 0 and x.dtype == jnp.float32
     np.testing.assert_array_equal(x.asnumpy(), np.zeros(shape))
+
+
+@pytest.mark.parametrize("dtype", [None, jnp.float16, jnp.int32])
+def test_shape_only_constructors_build_empty_arrays(dtype):
+    """MXNet's ``row_sparse_array((D0, D1..))`` and MXNet / scipy's
+    ``csr_matrix((M, N))`` build empty arrays; they were refused with a
+    message about (data, indices)."""
+    r = jsr.row_sparse_array((4, 2, 3), dtype=dtype)
+    c = jsr.csr_matrix((2, 5), dtype=dtype)
+    want = jnp.dtype(jnp.float32 if dtype is None else dtype)
+    assert (r.shape, r.capacity, r.dtype) == ((4, 2, 3), 0, want)
+    assert (c.shape, c.nse, c.dtype) == ((2, 5), 0, want)
+    np.testing.assert_array_equal(np.asarray(r.todense()), np.zeros((4, 2, 3)))
+    np.testing.assert_array_equal(np.asarray(c.todense()), np.zeros((2, 5)))
+    with pytest.raises(ValueError, match=r"`shape` \(3, 2\) does not match"):
+        jsr.row_sparse_array((4, 2), shape=(3, 2))
+    with pytest.raises(ValueError, match=r"`shape` \(3, 2\) does not match"):
+        jsr.csr_matrix((4, 2), shape=(3, 2))
