@@ -414,11 +414,9 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
       CSR(float32[2, 3], nnz=0)
     """
     if is_shape_tuple(arg):
-        from ._storage import zeros
+        from ._storage import empty_from_shape
 
-        if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
-            raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
-        return zeros("csr", arg, jnp.float32 if dtype is None else dtype)
+        return empty_from_shape("csr", arg, shape, dtype)
     if isinstance(arg, CSR):
         if shape is not None and tuple(shape) != arg.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {arg.shape}.")

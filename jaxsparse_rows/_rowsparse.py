@@ -441,11 +441,9 @@ def row_sparse_array(
       RowSparse(float32[4, 2], rows=0)
     """
     if is_shape_tuple(arg):
-        from ._storage import zeros
+        from ._storage import empty_from_shape
 
-        if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
-            raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
-        return zeros("row_sparse", arg, jnp.float32 if dtype is None else dtype)
+        return empty_from_shape("row_sparse", arg, shape, dtype)
     if isinstance(arg, RowSparse):
         if shape is not None and _as_shape(shape) != arg.shape:
             raise ValueError(

@@ -47,6 +47,14 @@ def _check_stype(stype_: str) -> str:
     return stype_
 
 
+def empty_from_shape(stype: str, arg: tuple[int, ...], shape: Any, dtype: Any) -> Any:
+    """The shape-only constructor form (``csr_matrix((M, N))``): :func:`zeros`
+    of shape ``arg``, float32 unless ``dtype``; a ``shape`` given too must agree."""
+    if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
+        raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
+    return zeros(stype, arg, jnp.float32 if dtype is None else dtype)
+
+
 def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
     """An all-zero array of the given storage type, with zero capacity.
 
