@@ -13,15 +13,20 @@ from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
 
 
-def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
-    n = x.shape[0]
-    idx = x.indices
-    conds = [
-        (jnp.all(idx >= 0), "RowSparse `indices` must be >= 0 (negative ids wrap)."),
-        (jnp.all(idx <= n), f"RowSparse `indices` must be <= N = {n} (N marks padding)."),
-    ]
-    if x.capacity > 1:
-        real_next = idx[1:] < n
+def row_id_conditions(idx: Any, n: int) -> list[tuple[Any, str]]:
+    """The row-id invariants of a RowSparse with ``n`` rows as ``(condition,
+    message)`` pairs: ids in ``[0, n]``, the real ones (``< n``) strictly
+    increasing with padding (``n``) only after them. Compared in the ids' own
+    dtype: where it cannot hold ``n`` (int8 ids of 300 rows), every id is
+    below ``n`` and real."""
+    fits = n <= jnp.iinfo(idx.dtype).max
+    conds = [(jnp.all(idx >= 0), "RowSparse `indices` must be >= 0 (negative ids wrap).")]
+    if fits:
+        conds.append(
+            (jnp.all(idx <= n), f"RowSparse `indices` must be <= N = {n} (N marks padding).")
+        )
+    if idx.shape[0] > 1:
+        real_next = idx[1:] < n if fits else jnp.ones(idx.shape[0] - 1, bool)
         conds.append(
             (
                 jnp.all(jnp.where(real_next, idx[1:] > idx[:-1], True)),
@@ -29,7 +34,14 @@ def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
                 "(id N) only at the end.",
             )
         )
-    pad = idx >= n
+    return conds
+
+
+def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
+    n = x.shape[0]
+    idx = x.indices
+    conds = row_id_conditions(idx, n)
+    pad = idx >= n if n <= jnp.iinfo(idx.dtype).max else jnp.zeros(idx.shape, bool)
     pad_mask = pad.reshape(pad.shape + (1,) * (x.ndim - 1))
     conds.append(
         (

@@ -131,3 +131,14 @@ def test_check_ids_bad_arguments():
         jsr.check_ids(jnp.array([0]), 4.0)
     with pytest.raises(ValueError, match="`num_rows` must be >= 0, got -1"):
         jsr.check_ids(jnp.array([0]), -1)
+
+
+def test_check_takes_ids_whose_dtype_cannot_hold_the_padding_id():
+    """int8 ids of a 300-row RowSparse: the padding id 300 wrapped to 44 in
+    the comparison, so valid ids were refused as "> N". The conditions are
+    shared with ``apply_updates``' eager check, which already handled it."""
+    ok = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([3, 100], jnp.int8), (300, 1))
+    jsr.check(ok)
+    bad = jsr.RowSparse._make(jnp.ones((2, 1)), jnp.array([100, 3], jnp.int8), (300, 1))
+    with pytest.raises(ValueError, match="sorted ascending without duplicates"):
+        jsr.check(bad)

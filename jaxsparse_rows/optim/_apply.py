@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from .._checks import row_id_conditions
 from .._operators import SparseOperators
 from .._util import as_jax, check_unbatched, is_concrete
 from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, path_name, scatter_rows
@@ -44,16 +46,8 @@ def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _row_ids_ok(ids: jax.Array, n: int) -> jax.Array:
-    """One program, one scalar: every id in ``[0, n]``, and the real ones
-    (``< n``) strictly increasing, padding (``n``) only after them. Compared
-    in the ids' own dtype; a padding id ``n`` that it cannot hold bounds
-    nothing."""
-    fits = n <= jnp.iinfo(ids.dtype).max
-    ok = jnp.all(ids >= 0) & (jnp.all(ids <= n) if fits else True)
-    if ids.shape[0] > 1:
-        real = ids[1:] < n if fits else jnp.ones(ids.shape[0] - 1, bool)
-        ok &= jnp.all(jnp.where(real, ids[1:] > ids[:-1], True))
-    return ok
+    """The row-id invariants of ``jsr.check`` as one program and one scalar."""
+    return functools.reduce(operator.and_, (cond for cond, _ in row_id_conditions(ids, n)))
 
 
 def _check_row_ids(path: str, u: Any) -> None:
