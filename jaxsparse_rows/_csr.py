@@ -68,6 +68,16 @@ def whole_csr(x: Any) -> Any:
     return CSR._make(replicated(x.data), replicated(x.indices), replicated(x.indptr), x.shape)
 
 
+def add_entries(base: jax.Array, x: CSR) -> jax.Array:
+    """``base`` ``[M, K]`` plus the entries of ``x`` at their rows and columns
+    (cast to ``base``'s dtype; ids outside the matrix dropped, a CSR sharded
+    over explicit mesh axes gathered whole first)."""
+    x = whole_csr(x)
+    cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
+    data = x.data.astype(base.dtype)
+    return base.at[x.row_ids(), cols].add(data, mode="drop", wrap_negative_indices=False)
+
+
 def _unpickle(data, indices, indptr, shape) -> CSR:
     return CSR._make(jnp.asarray(data), jnp.asarray(indices), jnp.asarray(indptr), shape)
 
@@ -259,10 +269,7 @@ class CSR(SparseOperators):
         check_unbatched(self, "todense")
         if self.data.dtype == jnp.bool_:  # XLA's scatter-add rejects bool
             return self.astype(jnp.int32).todense() != 0
-        x = whole_csr(self)
-        out = jnp.zeros(x.shape, x.data.dtype)
-        cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
-        return out.at[x.row_ids(), cols].add(x.data, mode="drop", wrap_negative_indices=False)
+        return add_entries(jnp.zeros(self.shape, self.data.dtype), self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

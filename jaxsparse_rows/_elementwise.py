@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from ._config import log_inference, warn_fallback
-from ._csr import CSR, whole_csr
+from ._csr import CSR, add_entries, whole_csr
 from ._ids import coalesce_rows, slots_in
 from ._row_moves import scatter_sorted_rows
 from ._rowsparse import RowSparse
@@ -358,10 +358,7 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
         )
     if isinstance(sparse, RowSparse):
         return scatter_sorted_rows(base, sparse.indices, sparse.data.astype(dtype), add=True)
-    sparse = whole_csr(sparse)
-    cols = fit_ids(sparse.indices, sparse.shape[1])  # an int64 id past 2**32 must not wrap
-    data = sparse.data.astype(dtype)
-    return base.at[sparse.row_ids(), cols].add(data, mode="drop", wrap_negative_indices=False)
+    return add_entries(base, sparse)
 
 
 def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:

@@ -13,12 +13,10 @@ from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
 from ._util import (
-    ROWSPARSE_INDEXING,
     check_flag,
     check_unbatched_args,
-    fit_ids,
     segment_rows,
-    zeros_rows,
+    set_rows,
 )
 
 
@@ -60,17 +58,11 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         if axis == 0:
             return jnp.sum(x.data, axis=0, keepdims=keepdims)
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
-        out = zeros_rows(x.shape[0], reduced)
-        ids = fit_ids(x.indices, x.shape[0])  # an int64 id past 2**32 must not wrap
-        return out.at[ids].set(
-            reduced, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING
-        )
+        return set_rows(reduced, x.indices, x.shape[0])
     x = whole_csr(x)  # the entries' rows and columns place them
     data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
     if axis == 0:
-        cols = fit_ids(x.indices, x.shape[1])  # an int64 id past 2**32 must not wrap
-        out = jnp.zeros((x.shape[1],), data.dtype)
-        out = out.at[cols].add(data, mode="drop", wrap_negative_indices=False)
+        out = segment_rows(data, x.indices, x.shape[1])
         return out[None] if keepdims else out
     out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True)
     return out[:, None] if keepdims else out

@@ -14,7 +14,6 @@ from jax.typing import ArrayLike
 
 from ._operators import SparseOperators
 from ._util import (
-    ROWSPARSE_INDEXING,
     as_data,
     as_int_array,
     as_jax,
@@ -24,12 +23,12 @@ from ._util import (
     check_unbatched,
     check_unbatched_args,
     check_unflattened_ids,
-    fit_ids,
     gather_rows,
     index_dtype,
     is_concrete,
     is_shape_tuple,
     segment_rows,
+    set_rows,
     shape_str,
     stacked_repr,
     zeros_rows,
@@ -302,11 +301,7 @@ class RowSparse(SparseOperators):
                  [0, 0]], dtype=int32)
         """
         check_unbatched(self, "todense")
-        zeros = zeros_rows(self.shape[0], self.data)
-        ids = fit_ids(self.indices, self.shape[0])  # an int64 id past 2**32 must not wrap
-        return zeros.at[ids].set(
-            self.data, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING
-        )
+        return set_rows(self.data, self.indices, self.shape[0])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)

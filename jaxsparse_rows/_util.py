@@ -377,6 +377,16 @@ def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Arra
     )
 
 
+def set_rows(data: jax.Array, ids: jax.Array, n: int) -> jax.Array:
+    """``data``'s rows written at the sorted unique ``ids`` (a RowSparse's)
+    into :func:`zeros_rows` ``[n, ...]``; ids outside ``[0, n)`` dropped."""
+    return (
+        zeros_rows(n, data)
+        .at[fit_ids(ids, n)]
+        .set(data, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING)
+    )
+
+
 def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
     """``out_sharding`` for ``x[rows]`` where ``x`` or ``rows`` is explicitly
     sharded (JAX cannot resolve it alone): the rows' own sharding along their
