@@ -319,6 +319,34 @@ def test_an_id_past_the_index_dtype_names_the_line_and_id(tmp_path):
         jsr.io.load_libsvm(path)
 
 
+def test_ids_written_with_leading_zeros_past_18_characters(tmp_path):
+    """Ids longer than 18 characters were refused even when their value was
+    small; sklearn reads them. Their leading characters must be zeros."""
+    path = tmp_path / "zeros.svm"
+    path.write_text(f"1 {'0' * 30}7:2 3:1\n-1 {'0' * 40}1:5 {'0' * 17}12:1\n")
+    x, y = jsr.io.load_libsvm(path, zero_based=True)
+    assert x.shape == (2, 13)
+    np.testing.assert_array_equal(np.asarray(x.indices), [3, 7, 1, 12])
+    np.testing.assert_array_equal(np.asarray(x.data), [1, 2, 5, 1])
+    np.testing.assert_array_equal(np.asarray(y), [1, -1])
+
+
+@pytest.mark.parametrize(
+    "token, what",
+    [
+        ("1" + "0" * 18, "feature id is larger than 10\\*\\*18 - 1"),
+        ("12345678901234567890", "feature id is larger than 10\\*\\*18 - 1"),
+        ("0" * 18 + "-1", "feature ids must be integers >= 0 written with digits only"),
+        ("0" * 25 + "a1", "feature ids must be integers >= 0 written with digits only"),
+    ],
+)
+def test_long_ids_that_are_not_leading_zeros_are_refused(tmp_path, token, what):
+    path = tmp_path / "long.svm"
+    path.write_text(f"1 1:2\n-1 3:1 {token}:1\n")
+    with pytest.raises(ValueError, match=rf"line 2: {what}, got token '{token}:1'"):
+        jsr.io.load_libsvm(path)
+
+
 def test_qid_tokens_get_their_own_message(tmp_path):
     path = tmp_path / "rank.svm"
     path.write_text("1 1:2\n2 qid:7 1:1\n")

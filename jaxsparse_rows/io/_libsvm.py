@@ -99,20 +99,44 @@ def _id_positions(fstart: np.ndarray, colons: np.ndarray) -> np.ndarray:
 def _parse_ids(buf: np.ndarray, fstart: np.ndarray, colons: np.ndarray, fail):
     """Vectorised decimal parse of the feature ids (the bytes before each colon).
 
-    Returns ``(ids, positions)``: the ids and the byte positions they occupy.
+    Returns ``(ids, positions)``: the ids and the byte positions they occupy
+    (leading zeros included).
     """
     lens = colons - fstart
     if fstart.size == 0:
         return np.zeros((0,), np.int64), np.zeros((0,), np.int64)
+    written = None
     if lens.max() > 18:
-        raise fail(int(np.argmax(lens > 18)), "feature id has more than 18 digits")
+        # Ids written with more than 18 characters are read when the extra
+        # leading characters are zeros (as sklearn reads them); their digits
+        # start 18 characters before the colon.
+        long = np.flatnonzero(lens > 18)
+        lead = lens[long] - 18
+        head = buf[_id_positions(fstart[long], colons[long] - 18)]
+        owner = np.repeat(np.arange(long.size), lead)
+        nonzero = head != np.uint8(48)
+        if np.any(nonzero):
+            first = int(owner[np.argmax(nonzero)])
+            # (uint8 arithmetic: a byte below '0' wraps above 9)
+            all_digits = bool(np.all(head[owner == first] - np.uint8(48) <= 9))
+            raise fail(
+                int(long[first]),
+                "feature id is larger than 10**18 - 1"
+                if all_digits
+                else "feature ids must be integers >= 0 written with digits only",
+            )
+        written = _id_positions(fstart, colons)
+        fstart = fstart.copy()
+        fstart[long] = colons[long] - 18
+        lens = colons - fstart
     pos = _id_positions(fstart, colons)
     digits = buf[pos] - np.uint8(48)
     if np.any(digits > 9):
         first = int(np.searchsorted(np.cumsum(lens), np.argmax(digits > 9), side="right"))
         raise fail(first, "feature ids must be integers >= 0 written with digits only")
     place = np.repeat(colons, lens) - 1 - pos
-    return np.add.reduceat(digits * _POW10[place], np.cumsum(lens) - lens), pos
+    ids = np.add.reduceat(digits * _POW10[place], np.cumsum(lens) - lens)
+    return ids, pos if written is None else written
 
 
 def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Parsed:
