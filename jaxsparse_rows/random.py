@@ -9,6 +9,7 @@ number of stored entries is static: ``round(density * size)``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,11 +114,24 @@ def _host_rng(key: Any) -> np.random.Generator:
     return np.random.default_rng(np.asarray(key).astype(np.uint32).ravel().tolist())
 
 
-def _check_float(dtype: Any) -> np.dtype:
+def _check_float(dtype: Any, fn: str) -> np.dtype:
+    """A floating ``dtype`` as JAX will hold it: float64 without x64 becomes
+    float32 with JAX's warning (the values are then drawn for float32, so they
+    stay below ``maxval`` after rounding)."""
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"`dtype` must be a floating dtype, got {dtype}.")
-    return dtype
+    held = jnp.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if held != dtype:
+        warnings.warn(
+            f"Explicitly requested dtype {dtype} requested in jsr.random.{fn} is not "
+            f"available, and will be truncated to dtype {held}. To enable more dtypes, set "
+            "the jax_enable_x64 configuration option or the JAX_ENABLE_X64 shell "
+            "environment variable.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return held
 
 
 def _positions(rng: np.random.Generator, total: int, k: int) -> np.ndarray:
@@ -174,7 +188,7 @@ def csr(
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D (M, K) for a CSR, got {shape}.")
     density = _check_density(density)
-    dtype = _check_float(dtype)
+    dtype = _check_float(dtype, "csr")
     minval, maxval = _check_range(minval, maxval, dtype)
     m, n = shape
     nnz = int(round(density * m * n))
@@ -227,7 +241,7 @@ def row_sparse(
     if len(shape) < 1:
         raise ValueError("`shape` must have at least one dimension (the rows), got ().")
     density = _check_density(density)
-    dtype = _check_float(dtype)
+    dtype = _check_float(dtype, "row_sparse")
     minval, maxval = _check_range(minval, maxval, dtype)
     n = shape[0]
     k = int(round(density * n))

@@ -33,6 +33,7 @@ from ._ids import coalesce_rows
 from ._row_moves import gather_sorted_rows, scatter_sorted_rows
 from ._rowsparse import RowSparse
 from ._util import check_static_int
+from .optim._tree import check_dense_params
 
 __all__ = [
     "SVRGState",
@@ -81,6 +82,22 @@ def _check_reiterable(batches: Any) -> None:
         raise TypeError(
             "`batches` must be a re-iterable of batches (a list, a tuple, a "
             f"`jsr.io.CSRIter`, ...), got {type(batches).__name__}."
+        )
+    _check_whole_passes(batches)
+
+
+def _check_whole_passes(batches: Any) -> None:
+    """Raises for a :mod:`jsr.io <jaxsparse_rows.io>` iterator whose passes
+    carry rows into the next one (``last_batch="roll_over"``): a pass is then
+    not the data once, so ``mu`` would not be its full gradient, and each
+    snapshot pass would shift the rows of the training epochs after it."""
+    if getattr(batches, "last_batch", None) == "roll_over":
+        raise ValueError(
+            "`batches` is an iterator with `last_batch='roll_over'`: each pass carries its "
+            "last rows into the next, so a pass is not the whole data once and SVRG's full "
+            "gradient would be wrong (and every snapshot pass would shift the training "
+            "epochs). Build it with `last_batch='pad'` (padded batches are weighted by "
+            "their `num_rows`) or `last_batch='discard'`."
         )
 
 
@@ -163,10 +180,16 @@ def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
     Args:
       grad_fn: ``grad_fn(params, batch)`` -> mean gradient over the batch.
       params: where to evaluate.
-      batches: an iterable of batches (one pass is made).
+      batches: an iterable of batches (one pass is made). A :mod:`jsr.io
+        <jaxsparse_rows.io>` iterator with ``last_batch="roll_over"`` is
+        refused: its passes are not the data once.
 
     Returns:
       A pytree like the gradients with dense leaves.
+
+    Raises:
+      ValueError: ``batches`` yields no batch, or is an iterator with
+        ``last_batch="roll_over"``.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
@@ -175,6 +198,7 @@ def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
       >>> jsr.svrg.full_gradient(grad_fn, 1.0, batches)  # mean of 5. and 18.
       Array(11.5, dtype=float32)
     """
+    _check_whole_passes(batches)
     gfn = grad_fn if hasattr(grad_fn, "lower") else jax.jit(grad_fn)  # jit once
     acc, total, dtypes = None, jnp.zeros((), jnp.float32), None
     for batch in batches:
@@ -286,7 +310,9 @@ def init(params: Any, optimizer: optax.GradientTransformation) -> SVRGState:
     :func:`take_snapshot` before the first step; :func:`fit` does).
 
     Raises:
-      TypeError: if ``optimizer`` is not an optax ``GradientTransformation``.
+      TypeError: if ``optimizer`` is not an optax ``GradientTransformation``,
+        or a leaf of ``params`` is a RowSparse (parameters are dense; only
+        gradients are row-sparse).
 
     Example:
       >>> import jax.numpy as jnp, optax, jaxsparse_rows as jsr
@@ -294,6 +320,7 @@ def init(params: Any, optimizer: optax.GradientTransformation) -> SVRGState:
       {'w': Array([0., 0.], dtype=float32)}
     """
     _check_optimizer(optimizer)
+    check_dense_params(params, "jsr.svrg")
     return SVRGState(_copy(params), jax.tree.map(jnp.zeros_like, params), optimizer.init(params))
 
 
@@ -368,7 +395,9 @@ def fit(
     Raises:
       TypeError: ``num_epochs`` or ``update_freq`` is not an int (a bool or a
         float is refused), or ``batches`` is a one-shot iterator.
-      ValueError: ``num_epochs < 0`` or ``update_freq < 1``.
+      ValueError: ``num_epochs < 0`` or ``update_freq < 1``, or ``batches``
+        is an iterator with ``last_batch="roll_over"`` (its passes are not the
+        data once, which the full gradient needs).
 
     Example:
       >>> import jax, jax.numpy as jnp, optax, jaxsparse_rows as jsr

@@ -82,7 +82,7 @@ def _check_shape(shape: Any, index_dims: int = 0, ndim: int | None = None) -> tu
 
 
 def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """Non-zero values exactly representable in every float dtype (multiples of 1/4)."""
+    """Non-zero values exact in ``dtype`` (see :func:`random_dense`)."""
     dtype = jnp.dtype(dtype)
     mag = rng.integers(1, 9, size=shape)
     if jnp.issubdtype(dtype, jnp.unsignedinteger) or dtype == np.bool_:
@@ -97,7 +97,11 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.
 def random_dense(
     rng: np.random.Generator, shape: Sequence[int], dtype: Any = np.float32
 ) -> np.ndarray:
-    """A dense numpy array of small non-zero values (multiples of 1/4 in ``[-2, 2]``).
+    """A dense numpy array of small non-zero values, exact in every dtype.
+
+    The values are multiples of 1/4 in ``[-2, 2]`` for floating dtypes,
+    integers in ``[-8, 8]`` for signed integer dtypes (``[1, 8]`` for unsigned
+    ones), and ``True`` for bool.
 
     Args:
       rng: a ``numpy.random.Generator``.
@@ -110,6 +114,9 @@ def random_dense(
       >>> x = jsrt.random_dense(np.random.default_rng(0), (2, 3))
       >>> x.shape, x.dtype, bool(np.all(x != 0))
       ((2, 3), dtype('float32'), True)
+      >>> y = jsrt.random_dense(np.random.default_rng(0), (100,), np.int8)
+      >>> bool(np.all((np.abs(y) >= 1) & (np.abs(y) <= 8)))
+      True
     """
     return _values(_check_rng(rng), _check_shape(shape), dtype)
 

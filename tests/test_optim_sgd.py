@@ -26,6 +26,11 @@ def test_seed_mxnet_lazy_sgd(jit_mode):
         np.asarray(w), [[1, 1], [0.99, 0.98], [0.96, 0.95], [1, 1]], rtol=1e-6
     )
     np.testing.assert_allclose(np.asarray(state[0].trace), [[0, 0], [1, 2], [4, 5], [0, 0]])
+    # MXNet keeps its momentum as -lr * trace and prints it:
+    # [[0, 0], [-0.01, -0.02], [-0.04, -0.05], [0, 0]]
+    np.testing.assert_allclose(
+        -0.01 * np.asarray(state[0].trace), [[0, 0], [-0.01, -0.02], [-0.04, -0.05], [0, 0]]
+    )
 
 
 CONFIGS = [

@@ -135,6 +135,21 @@ def test_float64_under_x64():
         assert x.dtype == jnp.float64 and x.indices.dtype == jnp.int64
 
 
+@pytest.mark.parametrize(
+    "fn, name", [(jsr.random.csr, "csr"), (jsr.random.row_sparse, "row_sparse")]
+)
+def test_float64_without_x64_warns_as_jax_does(fn, name):
+    """float64 without x64 came back as float32 with no warning, where
+    jax.random.uniform and jnp.zeros warn that it is truncated."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: float64 is available")
+    with pytest.warns(UserWarning, match=rf"float64 requested in jsr.random.{name} .*float32"):
+        x = fn(jax.random.key(0), (40, 50), 0.5, dtype=jnp.float64, minval=0.1, maxval=0.3)
+    assert x.dtype == jnp.float32
+    values = np.asarray(x.data, np.float64)  # (every stored value is drawn)
+    assert values.min() >= 0.1 and values.max() < 0.3
+
+
 def test_errors():
     key = jax.random.key(0)
     with pytest.raises(ValueError, match="density"):

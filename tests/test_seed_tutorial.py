@@ -52,6 +52,19 @@ def test_storage_type_conversion_and_copies():
     b = a.copy()
     assert b is not a
     np.testing.assert_array_equal(b.asnumpy(), [[1.0, 1.0], [1.0, 1.0]])
+    # `c[:] = a` / `a.copyto(d)` into row_sparse zeros: JAX arrays are immutable,
+    # so the copy is a new array of the destination's storage type.
+    c = jsr.zeros("row_sparse", (2, 2))
+    c = jsr.cast_storage(a, c.stype)
+    assert c.stype == "row_sparse" and c.dtype == np.float32
+    np.testing.assert_array_equal(c.asnumpy(), [[1.0, 1.0], [1.0, 1.0]])
+    # `e[:] = g` / `g.copyto(f)` from a dense source keep the destination's type:
+    # {'e.stype': 'row_sparse', 'f.stype': 'row_sparse', 'g.stype': 'default'}
+    e = jsr.zeros("row_sparse", (2, 2))
+    g = jnp.ones(e.shape)
+    e = jsr.cast_storage(g, e.stype)
+    assert (e.stype, jsr.stype(g)) == ("row_sparse", "default")
+    np.testing.assert_array_equal(e.asnumpy(), np.ones((2, 2)))
 
 
 def test_retain_row_slices():
@@ -90,3 +103,27 @@ def test_dense_fallback_with_warning():
     assert (a.stype, jsr.stype(d)) == ("row_sparse", "default")
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(np.asarray(d), np.log(np.asarray(a)))
+    # `e = mx.nd.log(a, out=e)` with a row_sparse `e`: the dense result cast to
+    # the output's storage type; {'a.stype': 'row_sparse', 'd.stype': 'default',
+    # 'e.stype': 'row_sparse'}
+    e = jsr.zeros("row_sparse", a.shape)
+    with pytest.warns(jsr.StorageFallbackWarning, match="log"):
+        e = jsr.cast_storage(jsr.apply_dense(jnp.log, a), e.stype)
+    assert (a.stype, jsr.stype(d), e.stype) == ("row_sparse", "default", "row_sparse")
+    np.testing.assert_array_equal(e.asnumpy(), np.asarray(d))
+
+
+def test_motivation_dot_and_its_row_sparse_gradient():
+    """Seeds 000 / 001, "Motivation": Y = dot(X, W) = [[3, 4, 5]] for X = [[1, 0]],
+    and grad_W = dot(X, ones_like(Y), transpose_a=True) = [[1, 1, 1], [0, 0, 0]]:
+    only the row X touches is non-zero, so grad_W is row-sparse."""
+    x = jsr.csr_matrix(np.array([[1.0, 0.0]], np.float32))
+    w = jnp.array([[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]])
+    y = jsr.dot(x, w)
+    np.testing.assert_array_equal(np.asarray(y), [[3.0, 4.0, 5.0]])
+    grad_w = jsr.dot(x, jnp.ones_like(y), transpose_a=True)
+    assert grad_w.stype == "row_sparse" and grad_w.indices.tolist() == [0]
+    np.testing.assert_array_equal(grad_w.asnumpy(), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    # the same gradient from autodiff: d sum(Y) / dW
+    auto = jax.grad(lambda w: jnp.sum(jsr.dot(x, w)))(w)
+    np.testing.assert_array_equal(np.asarray(auto), grad_w.asnumpy())
