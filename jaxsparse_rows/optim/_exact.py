@@ -126,10 +126,17 @@ def _catch_up(w, m, skipped, powers, dtype):
     return r00 * w + r01 * m, r10 * w + r11 * m
 
 
+def _compute_dtype(*xs: Any) -> Any:
+    """The dtype the rule computes in: the widest of the parameter, gradient
+    and momentum (float32 momentum of bfloat16 parameters stays float32)."""
+    return jnp.result_type(*(x for x in xs if x is not None))
+
+
 @functools.partial(jax.jit, static_argnames=("hparams",))
 def _flush_leaf(p, m, last, t, hparams):
+    dt = _compute_dtype(p, m)
     w, m2 = _catch_up(
-        p, None if m is None else m.astype(p.dtype), t - last, _powers(*hparams), p.dtype
+        p.astype(dt), None if m is None else m.astype(dt), t - last, _powers(*hparams), dt
     )
     m2 = None if m is None else m2.astype(m.dtype)
     return w.astype(p.dtype), m2, jnp.full_like(last, t)
@@ -173,7 +180,7 @@ def exact_lazy_sgd(
         return ExactLazySgdState(jnp.zeros([], jnp.int32), trace, last, hparams)
 
     def step_rows(g, w, m, skipped):
-        dt = jnp.result_type(w, g)
+        dt = _compute_dtype(w, g, m)
         w0 = w
         w, m = _catch_up(w.astype(dt), None if m is None else m.astype(dt), skipped, powers, dt)
         if not known_one(rescale_grad):
@@ -187,7 +194,7 @@ def exact_lazy_sgd(
             m = momentum * m + g
             u = g + momentum * m if nesterov else m
         w_new = w - lr * u
-        return (w_new - w0).astype(dt), m
+        return (w_new - w0).astype(jnp.result_type(w0, g)), m
 
     def update_fn(updates, state, params=None):
         check_state(state, ExactLazySgdState, "lazy_sgd(lazy='exact')")
@@ -217,9 +224,19 @@ def exact_lazy_sgd(
             return u, m, jnp.full_like(last, t + 1)
 
         names = ("updates", "state.trace", "state.last_step", "params")
-        updates, trace, last = map_updates(
+        new_updates, trace, last = map_updates(
             leaf, updates, state.trace, state.last_step, params, n_out=3, names=names
         )
+        # A None gradient leaves its parameter and momentum as they are (as with
+        # lazy=False): this step is not one its rows owe, so their counters move
+        # past it and no later replay applies it.
+        last = jax.tree.map(
+            lambda g, n: n + 1 if g is None else n,
+            updates,
+            last,
+            is_leaf=lambda x: x is None or is_rowsparse(x),
+        )
+        updates = new_updates
         count = optax.safe_increment(state.count)
         return updates, ExactLazySgdState(count, trace, last, hparams)
 
@@ -330,11 +347,12 @@ def _catch_up_leaf(p, m, last, ids, t, hparams, name):
     # id n, negative ids, ids > n) is left out here, so under jit an
     # out-of-range id touches no row (it is never wrapped into row n - 1).
     uniq, _ = unique_rows(flat, n, flat.shape[0])
-    w = gather_rows(p, uniq)
-    mr = None if m is None else gather_rows(m, uniq).astype(p.dtype)
-    w, mr = _catch_up(w, mr, t - gather_rows(last, uniq), _powers(*hparams), p.dtype)
-    p = scatter_rows(p, uniq, w)
-    m = None if m is None else scatter_rows(m, uniq, mr)
+    dt = _compute_dtype(p, m)
+    w = gather_rows(p, uniq).astype(dt)
+    mr = None if m is None else gather_rows(m, uniq).astype(dt)
+    w, mr = _catch_up(w, mr, t - gather_rows(last, uniq), _powers(*hparams), dt)
+    p = scatter_rows(p, uniq, w.astype(p.dtype))
+    m = None if m is None else scatter_rows(m, uniq, mr.astype(m.dtype))
     return p, m, scatter_rows(last, uniq, jnp.broadcast_to(t, uniq.shape))
 
 
