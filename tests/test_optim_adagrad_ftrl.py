@@ -3,6 +3,7 @@ lazy_adagrad against optax.adagrad exactly."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -126,3 +127,39 @@ def test_rowwise_adagrad_nan_gradient_stays_visible():
     g = jsr.RowSparse(jnp.array([[jnp.nan, 1.0]]), [1], shape=(4, 2))
     u, _ = opt.update(g, opt.init(w), w)
     assert np.all(np.isnan(np.asarray(u.data)))
+
+
+def test_complex_adagrad_accumulates_the_squared_modulus(jit_mode):
+    """Complex gradients: the accumulators add |g|**2, as optax.adagrad does
+    (they added g**2: 1j gave -1, and the update was 0)."""
+    w = jnp.zeros((2, 1), jnp.complex64)
+    g = jnp.array([[1j], [3 + 4j]], jnp.complex64)
+    rsp = jsr.RowSparse(g, jnp.array([0, 1]), shape=(2, 1))
+    ours = jsr.optim.lazy_adagrad(1.0)
+    ref = optax.adagrad(1.0)
+    u, s = jit_mode(ours.update)(rsp, ours.init(w), w)
+    ur, sr = ref.update(g, ref.init(w), w)
+    np.testing.assert_allclose(np.asarray(u.data), np.asarray(ur), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(s[0].sum_of_squares), np.asarray(sr[0].sum_of_squares))
+    # row-wise: the mean of |g|**2 over the row, and the update g / |g|
+    rowwise = jsr.optim.lazy_rowwise_adagrad(1.0)
+    u, s = jit_mode(rowwise.update)(rsp, rowwise.init(w), w)
+    np.testing.assert_allclose(np.asarray(s[0].sum_of_squares), [1.0, 25.0])
+    np.testing.assert_allclose(np.asarray(u.data)[:, 0], [-1j, -0.6 - 0.8j], rtol=1e-6)
+
+
+def test_rowwise_adagrad_squares_float16_gradients_in_its_float32_accumulator(jit_mode):
+    """A float16 gradient above 256 squared to inf in float16: the float32
+    accumulator became inf, the update 0, and the row never moved again."""
+    w = jnp.zeros((2, 2), jnp.float16)
+    g = np.array([[300.0, 1.0], [0.5, -400.0]])
+    rsp = jsr.RowSparse(jnp.asarray(g, jnp.float16), jnp.array([0, 1]), shape=(2, 2))
+    opt = jsr.optim.lazy_rowwise_adagrad(1.0)
+    state = opt.init(jax.ShapeDtypeStruct((2, 2), jnp.float32))
+    u, s = jit_mode(opt.update)(rsp, state, w)
+    acc = np.mean(g**2, axis=1)
+    np.testing.assert_allclose(np.asarray(s[0].sum_of_squares), acc, rtol=1e-6)
+    assert u.data.dtype == jnp.float32  # computed in the wider dtype
+    np.testing.assert_allclose(
+        np.asarray(u.data, np.float64), -g / np.sqrt(acc)[:, None], rtol=2e-3
+    )

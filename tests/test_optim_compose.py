@@ -586,6 +586,21 @@ def test_global_norm_and_clip_widen_before_squaring():
     np.testing.assert_array_equal(np.asarray(u["a"]), [300.0, 4.0])
 
 
+def test_clip_by_global_norm_scales_float16_by_a_norm_past_its_range(jit_mode):
+    """A global norm above 65504 is inf in float16: the clipped float16
+    updates were all 0 (dense and RowSparse leaves)."""
+    g = {
+        "emb": jsr.RowSparse(jnp.full((1, 10000), 1000.0, jnp.float16), [0], shape=(2, 10000)),
+        "b": jnp.full((3,), 1000.0, jnp.float16),
+    }
+    tx = jsr.optim.clip_by_global_norm(1.0)
+    u, _ = jit_mode(tx.update)(g, tx.init(None))
+    norm = 1000.0 * np.sqrt(10003)
+    assert u["emb"].data.dtype == u["b"].dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(u["emb"].data, np.float32), 1000 / norm, rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(u["b"], np.float32), 1000 / norm, rtol=1e-3)
+
+
 def test_exact_sgd_under_inject_hyperparams_with_the_documented_static_args():
     """optimizers.md: list learning_rate, momentum and weight_decay (and lazy) as
     static; rescale_grad, injected too, may stay an array."""

@@ -114,6 +114,32 @@ def test_bad_lazy_value_lists_every_choice(lazy):
         jsr.optim.lazy_sgd(0.1, lazy=lazy)
 
 
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (jsr.optim.lazy_sgd, "lazy_sgd"),
+        (jsr.optim.lazy_adam, "lazy_adam"),
+        (jsr.optim.lazy_adamw, "lazy_adamw"),
+        (jsr.optim.scale_by_lazy_sgd, "scale_by_lazy_sgd"),
+        (jsr.optim.scale_by_lazy_adam, "scale_by_lazy_adam"),
+    ],
+)
+def test_lazy_takes_numpy_bools_and_errors_name_the_function_called(make, name):
+    """``lazy=np.True_`` was refused by lazy_sgd (nesterov and
+    add_decayed_weights take it), and lazy_adam's error named
+    scale_by_lazy_adam."""
+    args = () if name.startswith("scale_by") else (0.1,)
+    w = jnp.zeros((3, 1))
+    g = jsr.RowSparse([[1.0]], [1], shape=(3, 1))
+    for flag, lazy in ((np.True_, True), (np.False_, False)):
+        u, _ = make(*args, lazy=flag).update(g, make(*args, lazy=lazy).init(w), w)
+        want, _ = make(*args, lazy=lazy).update(g, make(*args, lazy=lazy).init(w), w)
+        np.testing.assert_array_equal(np.asarray(jsr.todense(u)), np.asarray(jsr.todense(want)))
+        assert jsr.stype(u) == jsr.stype(want)
+    with pytest.raises(ValueError, match=rf"`lazy` must be one of .* for `{name}`, got 1\."):
+        make(*args, lazy=1)
+
+
 @pytest.mark.parametrize("lazy", [True, "exact"])
 @pytest.mark.parametrize("clip", [-1.0, 0, 0.0])
 def test_clip_gradient_must_be_positive(lazy, clip):

@@ -13,6 +13,7 @@ import optax
 from ._hparams import NONNEG, check_learning_rate, check_number
 from ._transforms import scale_by_learning_rate
 from ._tree import (
+    abs_sq,
     apply_rule,
     check_dense_params,
     check_like,
@@ -68,7 +69,7 @@ def scale_by_lazy_adagrad(
 
     def rule(g, states, _):
         (acc,) = states
-        acc = jnp.square(g) + acc
+        acc = abs_sq(g) + acc
         scale = jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), jnp.zeros((), acc.dtype))
         return scale * g, [acc]
 
@@ -173,7 +174,10 @@ def scale_by_lazy_rowwise_adagrad(
         axes = tuple(range(1, g.ndim))
         # mean over the row's elements; a row of no elements (D = 0) adds 0, not 0/0
         size = max(math.prod(g.shape[1:]), 1)
-        acc = acc + jnp.sum(jnp.square(g), axis=axes) / size
+        # squared in the accumulator's dtype when it is wider (a float16
+        # gradient above 256 would square to inf and freeze the row for good)
+        wide = g.astype(jnp.promote_types(g.dtype, acc.dtype))
+        acc = acc + (jnp.sum(abs_sq(wide), axis=axes) / size).astype(acc.dtype)
         denom = jnp.sqrt(acc) + eps
         denom = denom.reshape(denom.shape + (1,) * len(axes))
         # A row whose accumulator is still 0 (zero gradients so far) with

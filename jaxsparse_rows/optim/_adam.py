@@ -83,7 +83,7 @@ def scale_by_lazy_adam(
       >>> u.data.round(4), state.count
       (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
     """
-    _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
+    lazy = _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
     check_number("b1", b1, UNIT)
     check_number("b2", b2, UNIT)
     check_number("eps", eps, NONNEG)
@@ -167,6 +167,7 @@ def lazy_adam(
              [ 0. ,  0. ]], dtype=float32)
     """
     check_learning_rate(learning_rate)
+    lazy = _check_lazy(lazy, (True, False), "lazy_adam")
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         scale_by_learning_rate(learning_rate),
@@ -213,6 +214,7 @@ def lazy_adamw(
       array([0.85, 1.  , 1.  ], dtype=float32)
     """
     check_learning_rate(learning_rate)
+    lazy = _check_lazy(lazy, (True, False), "lazy_adamw")
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         add_decayed_weights(weight_decay, lazy),

@@ -36,9 +36,14 @@ class ScaleByLazySgdState(NamedTuple):
     trace: Any
 
 
-def _check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> None:
+def _check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> bool | str:
+    """``lazy`` as one of ``allowed`` (a numpy bool counts as a bool, as
+    :func:`check_flag` takes it); a ValueError naming ``name`` otherwise."""
+    if isinstance(lazy, np.bool_):
+        lazy = bool(lazy)
     if not any(type(lazy) is type(a) and lazy == a for a in allowed):
         raise ValueError(f"`lazy` must be one of {allowed} for `{name}`, got {lazy!r}.")
+    return lazy
 
 
 def check_sgd_hparams(
@@ -108,7 +113,7 @@ def scale_by_lazy_sgd(
       >>> u.data, state.trace[:, 0]
       (Array([[3.]], dtype=float32), Array([0., 3., 0.], dtype=float32))
     """
-    _check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
+    lazy = _check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
     nesterov = check_sgd_hparams(momentum, nesterov, weight_decay, rescale_grad, clip_gradient)
     decay = not known_zero(weight_decay)
 
@@ -199,8 +204,8 @@ def lazy_sgd(
              [1.  , 1.  ]], dtype=float32)
     """
     check_learning_rate(learning_rate)
-    if isinstance(lazy, str) or not isinstance(lazy, bool):
-        _check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
+    lazy = _check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
+    if lazy == "exact":
         from ._exact import exact_lazy_sgd
 
         return exact_lazy_sgd(

@@ -244,8 +244,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
         def clip(path, u):
             check_inexact(path, u)
             data = u.data if is_rowsparse(u) else u
-            out = jnp.where(trigger, data, (data / g_norm.astype(data.dtype)) * max_norm)
-            out = out.astype(data.dtype)
+            # scaled in the norm's (wider) dtype: a float16 norm above 65504 is inf
+            wide = jnp.promote_types(data.dtype, g_norm.dtype)
+            scaled = (data.astype(wide) / g_norm.astype(wide)) * max_norm
+            out = jnp.where(trigger, data, scaled.astype(data.dtype))
             return (RowSparse._make(out, u.indices, u.shape) if is_rowsparse(u) else out,)
 
         return map_updates(clip, updates, n_out=1)[0], state
