@@ -120,7 +120,12 @@ def _validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarr
                 f"count), got {indices[nnz:].tolist()}."
             )
         if data is not None and np.any(data[nnz:] != 0):
-            raise ValueError(f"padding slots past indptr[-1] = {nnz} must hold zero `data`.")
+            slot = nnz + int(np.argmax(data[nnz:] != 0))
+            raise ValueError(
+                f"padding slots past indptr[-1] = {nnz} must hold zero `data`, but slot "
+                f"{slot} holds {data[slot].item()!r}. Build CSRs with `jsr.csr_matrix`, or pad "
+                "with zeros."
+            )
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -216,14 +221,17 @@ class CSR(SparseOperators):
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of the values (``data``)."""
         return self.data.dtype
 
     @property
     def ndim(self) -> int:
+        """Always 2: a CSR is a matrix."""
         return 2
 
     @property
     def size(self) -> int:
+        """The number of elements of the dense matrix, ``M * K``."""
         return self.shape[0] * self.shape[1]
 
     @property
@@ -233,8 +241,9 @@ class CSR(SparseOperators):
 
     @property
     def nnz(self) -> jax.Array:
-        """Number of stored (non-padding) entries, ``indptr[-1]``."""
-        return self.indptr[-1]
+        """Number of stored (non-padding) entries, ``indptr[-1]`` (one per
+        element, ``[S]``, for an array stacked by ``vmap``)."""
+        return self.indptr[..., -1]
 
     def row_ids(self) -> jax.Array:
         """``[nse]`` row id of every entry slot (``M`` for padding); replicated
@@ -302,6 +311,9 @@ class CSR(SparseOperators):
 
     @property
     def T(self):  # noqa: N802
+        """Not supported: raises ``TypeError`` pointing to
+        ``jsr.dot(x, y, transpose_a=True)``, which gives ``x.T @ y`` without
+        building the transpose."""
         raise TypeError(
             "CSR has no lazy transpose; use `jsr.dot(x, y, transpose_a=True)` for x.T @ y "
             "(row-sparse result), or `x.todense().T`."

@@ -206,8 +206,15 @@ class RowSparse(SparseOperators):
         if is_concrete(indices):
             n_real = validate_row_indices(np.asarray(indices), shape[0])
             if n_real < data.shape[0] and is_concrete(data):
-                if np.any(np.asarray(data)[n_real:] != 0):
-                    raise ValueError("padding slots (id N) must hold zero `data`.")
+                pad = np.asarray(data)[n_real:]
+                if np.any(pad != 0):
+                    slot = n_real + int(np.argmax(np.any(pad.reshape(len(pad), -1) != 0, axis=1)))
+                    raise ValueError(
+                        f"padding slots (id N = {shape[0]}) must hold zero `data`; slot {slot} "
+                        "holds non-zero values. Give every stored row a real id "
+                        "(`jsr.row_sparse_array` sorts them and sums repeats), and pad with "
+                        "zero rows (`x.with_capacity(k)`)."
+                    )
         self.data = as_jax(data)
         self.indices = as_jax(indices)
         self.shape = shape
@@ -240,14 +247,17 @@ class RowSparse(SparseOperators):
     # -- attributes ---------------------------------------------------------
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of the values (``data``)."""
         return self.data.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions of the (dense) shape."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements of the dense array, ``prod(shape)``."""
         return int(np.prod(self.shape))
 
     @property
@@ -257,8 +267,9 @@ class RowSparse(SparseOperators):
 
     @property
     def nnz_rows(self) -> jax.Array:
-        """Number of real (non-padding) rows; a traced scalar under jit."""
-        return jnp.sum(self.indices < self.shape[0], dtype=index_dtype())
+        """Number of real (non-padding) rows; a traced scalar under jit (one
+        per element, ``[S]``, for an array stacked by ``vmap``)."""
+        return jnp.sum(self.indices < self.shape[0], axis=-1, dtype=index_dtype())
 
     @property
     def row_mask(self) -> jax.Array:

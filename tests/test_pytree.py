@@ -246,6 +246,23 @@ def test_ops_on_the_values_alone_take_stacked_arrays():
     np.testing.assert_array_equal(np.asarray((r * 2).data), 2 * np.asarray(r.data))
 
 
+def test_counts_of_stacked_arrays_are_per_element():
+    """``nnz_rows`` of a stacked RowSparse was the total over the batch, and a
+    stacked CSR's ``nnz`` was the last element's whole ``indptr``."""
+    r, c, _, _ = _stacks()
+
+    def element(x, i):
+        return jax.tree.map(lambda a: a[i], x)
+
+    want_rows = [int(element(r, i).nnz_rows) for i in range(4)]
+    want_nnz = [int(element(c, i).nnz) for i in range(4)]
+    np.testing.assert_array_equal(np.asarray(r.nnz_rows), want_rows)
+    np.testing.assert_array_equal(np.asarray(c.nnz), want_nnz)
+    assert r.nnz_rows.shape == c.nnz.shape == (4,)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda x: x.nnz_rows)(r)), want_rows)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda x: x.nnz)(c)), want_nnz)
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_grad_of_stacked_views_scanned_over(jit):
     """``jsr.grad`` with respect to views stacked by vmap and scanned over
