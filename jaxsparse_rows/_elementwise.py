@@ -98,6 +98,22 @@ def _same_shape(op: str, a: Any, b: Any) -> None:
         )
 
 
+def _broadcastable(op: str, a: Any, b: Any) -> None:
+    """A ValueError naming ``op`` unless ``a`` and ``b`` broadcast together
+    (two sparse operands must have the same shape: see :func:`_same_shape`)."""
+    if is_sparse(a) and is_sparse(b):
+        _same_shape(op, a, b)
+        return
+    sa, sb = (tuple(x.shape) if is_sparse(x) else tuple(np.shape(x)) for x in (a, b))
+    try:
+        np.broadcast_shapes(sa, sb)
+    except ValueError:
+        raise ValueError(
+            f"{op}: operands of shapes {sa} and {sb} do not broadcast together "
+            f"({stype(a)} and {stype(b)})."
+        ) from None
+
+
 # -- unary ---------------------------------------------------------------------
 def _zero_preserving(fn: Callable[[jax.Array], jax.Array], name: str) -> Callable[[Any], Any]:
     def op(x: Any) -> Any:
@@ -218,6 +234,7 @@ def multiply(a: Any, b: Any) -> Any:
         if sa == "row_sparse":
             return _with_data_masked(a, a.data * _dense_rows(b, a))
         return _csr_times_dense(a, b)
+    _same_shape("multiply", a, b)
     warn_fallback("multiply", (sa, sb))
     return jnp.multiply(a.todense(), b.todense())
 
@@ -238,6 +255,7 @@ def divide(a: Any, b: Any) -> Any:
     if not is_sparse(a) and not is_sparse(b):
         return jnp.divide(a, b)
     check_unbatched_args("divide", a, b)
+    _broadcastable("divide", a, b)
     return apply_dense(jnp.divide, a, b)
 
 
@@ -280,10 +298,12 @@ def _add(a: Any, b: Any, name: str) -> Any:
     if sa == "default" or sb == "default":
         if _is_scalar(a) or _is_scalar(b):
             return apply_dense(jnp.add, a, b)
+        _broadcastable(name, a, b)
         sparse, dense = (a, b) if sb == "default" else (b, a)
         dense = jnp.asarray(dense)
         log_inference(name, (sa, sb), "default")
         return _scatter_add_dense(sparse, dense)
+    _same_shape(name, a, b)
     warn_fallback(name, (sa, sb))
     return jnp.add(a.todense(), b.todense())
 

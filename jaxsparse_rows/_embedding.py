@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._csr import CSR
 from ._rows import _as_ids, _check_id_range, take
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
@@ -83,6 +84,11 @@ def embedding_bag(
     ids = _as_ids(ids)  # widened: `ids < n` below cannot wrap n
     if ids.ndim == 0:
         raise ValueError("`ids` must have at least one axis (the bag axis, last), got a scalar.")
+    if isinstance(table, CSR):
+        raise TypeError(
+            "`table` must be a dense array or a RowSparse (rows first), got a CSR; an "
+            "embedding table is dense (or a view from `pull_rows`): pass `table.todense()`."
+        )
     if not isinstance(table, RowSparse):
         table = jnp.asarray(table)
         if table.ndim == 0:

@@ -153,7 +153,11 @@ BAD_STRICT = [
     (([1.0, 1.0], [1, 0], [0, 2], (1, 2)), ValueError, "sorted ascending.*row 0 has 1 then 0"),
     (([1.0, 1.0], [1, 1], [0, 2], (1, 2)), ValueError, "without duplicates.*1 then 1"),
     (([1.0, 0.0], [0, 1], [0, 1], (1, 2)), ValueError, "must carry column id 2"),
-    (([1.0, 5.0], [0, 2], [0, 1], (1, 2)), ValueError, "must hold zero `data`"),
+    (
+        ([1.0, 5.0], [0, 2], [0, 1], (1, 2)),
+        ValueError,
+        "must hold zero `data`, but slot 1 holds 5.0",
+    ),
     (([1.0], [0.0], [0, 1], (1, 2)), TypeError, "`indices` must have an integer dtype"),
     (([1.0], [0], [0.0, 1.0], (1, 2)), TypeError, "`indptr` must have an integer dtype"),
 ]

@@ -322,6 +322,39 @@ def test_sparse_sparse_shape_mismatch():
         jsr.zeros("csr", (3, 2)) * jnp.ones((3, 3))
 
 
+@pytest.mark.parametrize(
+    "op, name",
+    [
+        (lambda a, b: a + b, "add"),
+        (lambda a, b: b + a, "add"),
+        (lambda a, b: a - b, "subtract"),
+        (lambda a, b: a / b, "divide"),
+        (lambda a, b: b / a, "divide"),
+    ],
+)
+@pytest.mark.parametrize("stype_", ["row_sparse", "csr"])
+def test_mismatched_dense_operand_errors_name_the_op_and_shapes(op, name, stype_, jit_mode):
+    """These raised numpy's "shape mismatch: objects cannot be broadcast" or
+    JAX's "div got incompatible shapes", naming neither the op nor the operands."""
+    a = jsr.zeros(stype_, (6, 2))
+    b = jnp.ones((5, 2))
+    with pytest.raises(ValueError, match=rf"^{name}: operands of shapes \(\d, 2\) and "):
+        jit_mode(op)(a, b)
+
+
+@pytest.mark.parametrize(
+    "op, name", [(lambda a, b: a * b, "multiply"), (lambda a, b: a + b, "add")]
+)
+def test_mismatched_sparse_operands_of_two_storage_types(op, name):
+    """rsp * csr and rsp + csr of different shapes failed inside the dense
+    fallback with JAX's "mul got incompatible shapes"."""
+    rsp, csr = jsr.zeros("row_sparse", (6, 2)), jsr.zeros("csr", (3, 5))
+    with pytest.raises(ValueError, match=rf"^{name}: operands must have the same shape"):
+        op(rsp, csr)
+    with pytest.raises(ValueError, match=rf"^{name}: operands must have the same shape"):
+        op(csr, jsr.zeros("csr", (3, 4)))
+
+
 # -- properties ------------------------------------------------------------------------
 # Drawn per example: eager or jit (eager compiles each primitive for each new shape,
 # so the modes share the examples), the dtype, a dense operand's seed, a divisor

@@ -271,6 +271,11 @@ def test_property(jit_mode, bucket, mode, weighted, view, seed):
         ({"ids": jnp.array(1)}, ValueError, "`ids` must have at least one axis"),
         ({"ids": jnp.array([[0, 7]])}, ValueError, r"`ids` must lie in \[0, 5\).*got 7"),
         ({"table": jnp.float32(1.0)}, ValueError, "`table` must be at least 1-D"),
+        (  # was densified silently (take refuses a CSR)
+            {"table": jsr.csr_matrix(np.ones((5, 2), np.float32))},
+            TypeError,
+            r"`table` must be a dense array or a RowSparse .*got a CSR.*table.todense\(\)",
+        ),
     ],
 )
 def test_bad_input(kwargs, exc, match):

@@ -115,7 +115,11 @@ BAD_STRICT = [
     (([[1.0]], [[0]], (4, 1)), ValueError, "`indices` must be 1-D"),
     (([[1.0]], [0.0], (4, 1)), TypeError, "`indices` must have an integer dtype, got float"),
     (([[0.0], [1.0]], [4, 1], (4, 1)), ValueError, "padding slots .* must come after"),
-    (([[1.0], [1.0]], [1, 4], (4, 1)), ValueError, "padding slots .* must hold zero `data`"),
+    (
+        ([[1.0], [1.0]], [1, 4], (4, 1)),
+        ValueError,
+        r"padding slots \(id N = 4\) must hold zero `data`; slot 1 holds non-zero values",
+    ),
     (([[1.0]], [0], ()), ValueError, "at least one dimension"),
     (([[1.0]], [0], (-1, 1)), ValueError, "`shape` must be a tuple of non-negative ints"),
     (([[1.0]], [0], "ab"), TypeError, "`shape` must be a tuple of ints"),
