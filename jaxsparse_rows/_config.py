@@ -24,7 +24,8 @@ class StorageFallbackWarning(UserWarning):
 def set_verbose(enabled: bool = True) -> None:
     """Turns the storage-inference log on or off.
 
-    When on, every storage-type decision (``"rsp * scalar -> row_sparse"``) and
+    When on, every storage-type decision (``multiply(row_sparse, scalar) ->
+    row_sparse``) and
     every fallback is logged at INFO level on the ``"jaxsparse_rows"`` logger,
     like MXNet's ``MXNET_INFER_STORAGE_TYPE_VERBOSE_LOGGING``. The environment
     variable ``JAXSPARSE_ROWS_VERBOSE=1`` turns it on at import.
@@ -39,7 +40,9 @@ def set_verbose(enabled: bool = True) -> None:
 
     global _verbose
     _verbose = check_flag(enabled, "enabled")
-    if _verbose and not logger.handlers:
+    # A handler of our own only where logging is not configured: with one on
+    # the root logger (``logging.basicConfig``), every line would print twice.
+    if _verbose and not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[jaxsparse_rows] %(message)s"))
         logger.addHandler(handler)
@@ -48,7 +51,13 @@ def set_verbose(enabled: bool = True) -> None:
 
 
 def is_verbose() -> bool:
-    """Whether the storage-inference log is on (see :func:`set_verbose`)."""
+    """Whether the storage-inference log is on (see :func:`set_verbose`).
+
+    Example:
+      >>> import jaxsparse_rows as jsr
+      >>> jsr.is_verbose()
+      False
+    """
     return _verbose
 
 

@@ -32,12 +32,28 @@ _stype_of = stype  # `cast_storage` and `zeros` take an argument named `stype`
 
 
 def is_sparse(x: Any) -> bool:
-    """True for RowSparse and CSR arrays."""
+    """True for RowSparse and CSR arrays.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> jsr.is_sparse(jsr.zeros("csr", (2, 3))), jsr.is_sparse(jnp.zeros((2, 3)))
+      (True, False)
+    """
     return isinstance(x, RowSparse | CSR)
 
 
 def todense(x: Any) -> Any:
-    """Dense form of a sparse array; dense input is returned unchanged."""
+    """Dense form of a sparse array; dense input is returned unchanged.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> jsr.todense(jsr.RowSparse([[1., 2.]], [1], shape=(2, 2)))
+      Array([[0., 0.],
+             [1., 2.]], dtype=float32)
+      >>> x = jnp.ones(2)
+      >>> jsr.todense(x) is x
+      True
+    """
     return x.todense() if is_sparse(x) else x
 
 

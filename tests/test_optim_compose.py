@@ -537,7 +537,9 @@ def test_exact_sgd_under_injected_traced_hyperparams_says_to_make_them_static():
     )
     w = jnp.ones((3, 1))
     g = jsr.RowSparse([[1.0]], [1], shape=(3, 1))
-    with pytest.raises(TypeError, match="needs a static `learning_rate`.*static_args"):
+    # every traced one is named (only the first, learning_rate, was)
+    match = r"got traced values for `learning_rate`, `momentum`, `weight_decay`.*static_args"
+    with pytest.raises(TypeError, match=match):
         jax.jit(opt.update)(g, opt.init(w), w)
 
 

@@ -243,6 +243,27 @@ def test_verbose_env_var_read_at_import(value, expected):
     assert logged == expected
 
 
+@pytest.mark.parametrize("configured", [False, True])
+def test_verbose_lines_print_once_with_or_without_logging_configured(configured):
+    """With ``logging.basicConfig`` (a root handler) every line printed twice:
+    once by the library's own handler and once by the root's."""
+    code = (
+        "import logging, jaxsparse_rows as jsr\n"
+        + ("logging.basicConfig(format='%(name)s: %(message)s')\n" if configured else "")
+        + "jsr.set_verbose(True)\n"
+        "a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))\n"
+        "b = a * 2\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "multiply(row_sparse, scalar)" in ln]
+    prefix = "jaxsparse_rows: " if configured else "[jaxsparse_rows] "
+    assert lines == [prefix + "multiply(row_sparse, scalar) -> row_sparse"], proc.stderr
+
+
 def test_docs_storage_page_carries_the_inference_table():
     import pathlib
     import re
@@ -263,3 +284,16 @@ def test_docs_storage_page_carries_the_inference_table():
     section = text.split("### Zero-preserving unary functions", 1)[1].split("##", 1)[0]
     for name in jsr.ZERO_PRESERVING_UNARY:
         assert f"`{name}`" in section or f"`jsr.{name}`" in section, name
+
+
+def test_api_page_lists_every_zero_preserving_unary_function():
+    """The factory-built unary functions have runtime docstrings that
+    mkdocstrings cannot see, so api.md lists them in a table of its own."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    listed = re.findall(r"^\| `jsr\.(\w+)\(x\)` \|", text, re.MULTILINE)
+    assert listed == list(jsr.ZERO_PRESERVING_UNARY)
+    for name in listed:
+        assert getattr(jsr, name).__doc__.startswith("Elementwise ")

@@ -158,13 +158,16 @@ def exact_lazy_sgd(
             "Use `lazy=False` with a schedule."
         )
     values = {"learning_rate": learning_rate, "momentum": momentum, "weight_decay": weight_decay}
-    for name, value in values.items():
-        if isinstance(value, jax.core.Tracer):
-            raise TypeError(
-                f'`lazy_sgd(..., lazy="exact")` needs a static `{name}`, got a traced value: '
-                "the closed-form replay of skipped steps is computed when the optimizer is "
-                "built. Under `optax.inject_hyperparams`, list it in `static_args`."
-            )
+    traced = [name for name, value in values.items() if isinstance(value, jax.core.Tracer)]
+    if traced:
+        names = ", ".join(f"`{n}`" for n in traced)
+        raise TypeError(
+            f'`lazy_sgd(..., lazy="exact")` needs a static learning_rate, momentum and '
+            f"weight_decay, got traced values for {names}: the closed-form replay of skipped "
+            "steps is computed when the optimizer is built. Under `optax.inject_hyperparams`, "
+            'list them in `static_args` (static_args=("lazy", "learning_rate", "momentum", '
+            '"weight_decay")).'
+        )
     nesterov = check_sgd_hparams(momentum, nesterov, weight_decay, rescale_grad, clip_gradient)
     momentum = 0.0 if momentum is None else momentum
     weight_decay = 0.0 if weight_decay is None else weight_decay
