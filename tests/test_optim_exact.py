@@ -368,3 +368,12 @@ def test_exact_keeps_the_precision_of_wide_momentum():
     np.testing.assert_allclose(np.asarray(s_f.trace), want, atol=1e-6)
     w_c, s_c = jsr.optim.catch_up(w_exact, s_exact, jnp.arange(v))
     np.testing.assert_allclose(np.asarray(s_c.trace), want, atol=1e-6)
+
+
+def test_state_repr_labels_the_hyperparameters():
+    state = jsr.optim.lazy_sgd(0.1, momentum=0.5, lazy="exact").init(jnp.zeros((2, 1)))
+    text = repr(state.hparams)
+    assert (
+        text == "StaticHparams(learning_rate=0.1, momentum=0.5, nesterov=False, weight_decay=0.0)"
+    )
+    assert text in repr(state)

@@ -53,9 +53,18 @@ _LAST = "optimizer state's per-row step counter `last_step`"
 
 class StaticHparams(tuple):
     """A tuple of Python numbers that is a pytree node without leaves, so the
-    hyperparameters travel with the state through ``jit`` as static data."""
+    hyperparameters travel with the state through ``jit`` as static data:
+    ``(learning_rate, momentum, nesterov, weight_decay)``."""
 
     __slots__ = ()
+
+    def __repr__(self) -> str:
+        names = ("learning_rate", "momentum", "nesterov", "weight_decay")
+        return (
+            "StaticHparams("
+            + ", ".join(f"{n}={v!r}" for n, v in zip(names, self, strict=True))
+            + ")"
+        )
 
 
 jax.tree_util.register_pytree_node(
