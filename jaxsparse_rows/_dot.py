@@ -19,6 +19,7 @@ from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
 from ._util import (
+    accumulation_dtype,
     check_flag,
     check_unbatched_args,
     fit_ids,
@@ -135,10 +136,13 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
             return cols @ rhs.data
         if sr == "csr":
             gathered = lhs.at[:, rhs.row_ids()].get(mode="fill", fill_value=0)
-            contrib = gathered * rhs.data[None, :]
-            out = jnp.zeros((lhs.shape[0], rhs.shape[1]), contrib.dtype)
+            dtype = jnp.result_type(gathered, rhs.data)
+            acc = accumulation_dtype(dtype)  # half precision sums in float32
+            contrib = gathered.astype(acc) * rhs.data[None, :].astype(acc)
+            out = jnp.zeros((lhs.shape[0], rhs.shape[1]), acc)
             cols = fit_ids(rhs.indices, rhs.shape[1])
-            return out.at[:, cols].add(contrib, mode="drop", wrap_negative_indices=False)
+            out = out.at[:, cols].add(contrib, mode="drop", wrap_negative_indices=False)
+            return out.astype(dtype)
     if sl == sr == "default":
         return jnp.dot(lhs.T if transpose_a else lhs, rhs)
     return _fallback(lhs, rhs, transpose_a, transpose_b, sl, sr)
@@ -180,10 +184,11 @@ def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     the whole table."""
     m = indptr.shape[0] - 1
     dtype = table.dtype if dtype is None else dtype
-    rows = gather_rows(table, cols).astype(dtype)
-    contrib = _rows_times(rows, vals.astype(dtype))
+    acc = accumulation_dtype(dtype)  # half precision sums in float32, as jnp.dot
+    rows = gather_rows(table, cols).astype(acc)
+    contrib = _rows_times(rows, vals.astype(acc))
     row_ids = csr_row_ids(indptr, vals.shape[0])
-    return segment_rows(contrib, row_ids, m, indices_are_sorted=True)
+    return segment_rows(contrib, row_ids, m, indices_are_sorted=True).astype(dtype)
 
 
 @jax.custom_jvp
@@ -232,9 +237,10 @@ def _csr_t_dense_xla(vals, cols, rows, table, k, dtype=None):
     them to ``dtype``, scale them, coalesce them by column (sort-based). At most
     ``min(nse, K)`` distinct columns occur, so that capacity never overflows."""
     dtype = table.dtype if dtype is None else dtype
-    contrib = _rows_times(gather_rows(table, rows).astype(dtype), vals.astype(dtype))
+    acc = accumulation_dtype(dtype)  # half precision sums in float32, as jnp.dot
+    contrib = _rows_times(gather_rows(table, rows).astype(acc), vals.astype(acc))
     idx, data, _ = coalesce_rows(cols, contrib, k, _t_capacity(cols, k))
-    return idx, data
+    return idx, data.astype(dtype)
 
 
 def _t_capacity(cols: jax.Array, k: int) -> int:

@@ -414,9 +414,18 @@ def _csr_times_dense(a: CSR, b: jax.Array) -> CSR:
     if a.size == 0:
         return CSR._make(a.data * jnp.zeros((), b.dtype), a.indices, a.indptr, a.shape)
     a = whole_csr(a)  # the entries' rows and columns pick b's values
-    b2 = jnp.broadcast_to(b, a.shape)
-    cols = fit_ids(a.indices, a.shape[1])  # an int64 id past 2**32 must not wrap
-    vals = b2.at[a.row_ids(), cols].get(mode="fill", fill_value=0, wrap_negative_indices=False)
+    m, n = a.shape
+    b2 = b.reshape((1,) * (2 - b.ndim) + tuple(b.shape))
+    rows = a.row_ids()  # M for padding
+    cols = fit_ids(a.indices, n)  # an int64 id past 2**32 must not wrap
+    # Read b at each entry's (row, column), an axis of size 1 at index 0, never
+    # broadcasting b to [M, K]: a per-row scale of a [64, 10**9] CSR would be
+    # a 256 GB temporary. Padding and malformed ids read the fill value 0.
+    if b2.shape[0] == 1:
+        rows = jnp.where(rows < m, 0, 1)
+    if b2.shape[1] == 1:
+        cols = jnp.where((cols >= 0) & (cols < n), 0, 1)
+    vals = b2.at[rows, cols].get(mode="fill", fill_value=0, wrap_negative_indices=False)
     return CSR._make(a.data * vals, a.indices, a.indptr, a.shape)
 
 

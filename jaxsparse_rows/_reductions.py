@@ -13,6 +13,7 @@ from ._csr import CSR, whole_csr
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
 from ._util import (
+    accumulation_dtype,
     check_flag,
     check_unbatched_args,
     segment_rows,
@@ -60,11 +61,12 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
         return set_rows(reduced, x.indices, x.shape[0])
     x = whole_csr(x)  # the entries' rows and columns place them
-    data = x.data.astype(jnp.sum(x.data[:0]).dtype)  # accumulate as jnp.sum does
+    dtype = jnp.sum(x.data[:0]).dtype  # jnp.sum's result dtype (int8 sums to int32)
+    data = x.data.astype(accumulation_dtype(dtype))  # and its float32 sums of halves
     if axis == 0:
-        out = segment_rows(data, x.indices, x.shape[1])
+        out = segment_rows(data, x.indices, x.shape[1]).astype(dtype)
         return out[None] if keepdims else out
-    out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True)
+    out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True).astype(dtype)
     return out[:, None] if keepdims else out
 
 

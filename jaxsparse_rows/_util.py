@@ -367,6 +367,16 @@ def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
     return jnp.zeros(shape, dtype, out_sharding=jax.sharding.PartitionSpec(None, *tail))
 
 
+def accumulation_dtype(dtype: Any) -> np.dtype:
+    """The dtype sums of ``dtype`` run in: float32 for float16 and bfloat16
+    (as ``jnp.sum`` and ``jnp.dot`` accumulate them; a bfloat16 running sum of
+    ones stops at 256), else ``dtype`` itself."""
+    dtype = jnp.dtype(dtype)
+    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
 def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Array:
     """``jax.ops.segment_sum(data, ids, n)`` (ids outside ``[0, n)`` dropped)
     into :func:`zeros_rows`, so explicitly sharded rows keep their sharding."""

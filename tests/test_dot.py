@@ -486,3 +486,27 @@ def test_products_of_a_csr_sharded_over_an_explicit_axis():
             g = wrap(jax.grad(loss))(xs.data, xs, d)
             assert jax.typeof(g).sharding.spec[0] == "b", jax.typeof(g)
             np.testing.assert_allclose(np.asarray(g), np.asarray(want_grad), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_csr_products_of_halves_accumulate_in_float32(dtype, jit_mode):
+    """The CSR products added bfloat16 contributions in bfloat16: 1000 ones
+    summed to 256 in dot(csr, dense), in the transposed product and in
+    dot(dense, csr). jnp.dot accumulates halves in float32."""
+    x = jnp.ones((1000, 2), dtype)
+    ones = jnp.ones((1000, 2), dtype)
+    cases = {
+        "csr @ dense": (lambda c, d: jsr.dot(c, d), jsr.csr_matrix(x.T), ones, x.T @ ones),
+        "csr.T @ dense": (
+            lambda c, d: jsr.dot(c, d, transpose_a=True).todense(),
+            jsr.csr_matrix(x),
+            ones,
+            x.T @ ones,
+        ),
+        "dense @ csr": (lambda d, c: jsr.dot(d, c), ones.T, jsr.csr_matrix(x), ones.T @ x),
+    }
+    for name, (f, a, b, want) in cases.items():
+        got = jit_mode(f)(a, b)
+        assert got.dtype == dtype, name
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.full((2, 2), 1000.0), name)
+        np.testing.assert_array_equal(np.asarray(want, np.float32), np.full((2, 2), 1000.0))

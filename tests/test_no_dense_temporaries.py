@@ -156,6 +156,25 @@ def test_csr_gradients_have_no_table_sized_intermediate(kernels):
     _kernel_calls_seen(jaxpr, kernels)
 
 
+@pytest.mark.parametrize("bshape", [(64, 1), (1, V), (V,), (1, 1)])
+def test_csr_times_a_broadcast_dense_operand_reads_only_the_entries(bshape):
+    """csr * dense broadcast the dense operand to [M, K] before reading it at
+    the entries: eagerly a per-row scale of a [64, 10**9] CSR ran out of
+    memory allocating 256 GB."""
+    data = jax.ShapeDtypeStruct((512,), jnp.float32)
+    cols = jax.ShapeDtypeStruct((512,), jnp.int32)
+    indptr = jax.ShapeDtypeStruct((65,), jnp.int32)
+    scale = jax.ShapeDtypeStruct(bshape, jnp.float32)
+
+    def f(data, cols, indptr, scale):
+        return (jsr.CSR._make(data, cols, indptr, (64, V)) * scale).data
+
+    jaxpr = jax.make_jaxpr(f)(data, cols, indptr, scale)
+    # nothing larger than the operands: a [1, V] view of a [V] scale is fine,
+    # the [64, V] broadcast is what ran out of memory
+    assert big_values(jaxpr, 2 * V) == []
+
+
 def test_transpose_dot_has_no_column_sized_intermediate(kernels):
     """dot(csr.T, dense) -> RowSparse over K = 10^8 columns without a [K, P] array."""
     data = jax.ShapeDtypeStruct((512,), jnp.float32)

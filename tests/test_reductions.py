@@ -164,3 +164,23 @@ def test_numpy_integer_axes_are_accepted(axis):
     np.testing.assert_array_equal(np.asarray(jsr.sum(x, axis=axis)), dense.sum(axis=int(axis)))
     with pytest.raises(TypeError, match=r"`axis` must be None or an int, got True"):
         jsr.sum(x, axis=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_csr_sums_of_halves_accumulate_in_float32(dtype, axis, jit_mode):
+    """A CSR's column and row sums added in bfloat16 stopped at 256 for 1000
+    ones (and float16's 60000 + 60000 - 60000 was inf); jnp.sum accumulates
+    halves in float32, as the total already did."""
+    cases = [np.ones((1000, 3))]
+    if dtype == jnp.float16:
+        big = np.zeros((3, 3))
+        big[:, 0] = [60000, 60000, -60000]
+        cases.append(big)
+    for dense in cases:
+        x = jnp.asarray(dense if axis == 0 else dense.T, dtype)  # summed along 1000 / 3
+        got = jit_mode(lambda c: jsr.sum(c, axis=axis))(jsr.csr_matrix(x))
+        want = jnp.sum(x, axis=axis)
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        assert np.all(np.isfinite(np.asarray(got, np.float32)))
