@@ -40,9 +40,10 @@ def set_verbose(enabled: bool = True) -> None:
 
     global _verbose
     _verbose = check_flag(enabled, "enabled")
-    # A handler of our own only where logging is not configured: with one on
-    # the root logger (``logging.basicConfig``), every line would print twice.
-    if _verbose and not logger.handlers and not logging.getLogger().handlers:
+    # A handler of our own only where no root handler shows INFO lines: with
+    # one (``logging.basicConfig``), every line would print twice.
+    shown = any(h.level <= logging.INFO for h in logging.getLogger().handlers)
+    if _verbose and not logger.handlers and not shown:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[jaxsparse_rows] %(message)s"))
         logger.addHandler(handler)

@@ -99,11 +99,8 @@ def _same_shape(op: str, a: Any, b: Any) -> None:
 
 
 def _broadcastable(op: str, a: Any, b: Any) -> None:
-    """A ValueError naming ``op`` unless ``a`` and ``b`` broadcast together
-    (two sparse operands must have the same shape: see :func:`_same_shape`)."""
-    if is_sparse(a) and is_sparse(b):
-        _same_shape(op, a, b)
-        return
+    """A ValueError naming ``op`` unless ``a`` and ``b`` broadcast together (the
+    ops whose result is dense; see :func:`_same_shape` for sparse results)."""
     sa, sb = (tuple(x.shape) if is_sparse(x) else tuple(np.shape(x)) for x in (a, b))
     try:
         np.broadcast_shapes(sa, sb)
@@ -234,7 +231,7 @@ def multiply(a: Any, b: Any) -> Any:
         if sa == "row_sparse":
             return _with_data_masked(a, a.data * _dense_rows(b, a))
         return _csr_times_dense(a, b)
-    _same_shape("multiply", a, b)
+    _broadcastable("multiply", a, b)
     warn_fallback("multiply", (sa, sb))
     return jnp.multiply(a.todense(), b.todense())
 
@@ -303,7 +300,7 @@ def _add(a: Any, b: Any, name: str) -> Any:
         dense = jnp.asarray(dense)
         log_inference(name, (sa, sb), "default")
         return _scatter_add_dense(sparse, dense)
-    _same_shape(name, a, b)
+    _broadcastable(name, a, b)
     warn_fallback(name, (sa, sb))
     return jnp.add(a.todense(), b.todense())
 

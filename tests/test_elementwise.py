@@ -343,16 +343,29 @@ def test_mismatched_dense_operand_errors_name_the_op_and_shapes(op, name, stype_
 
 
 @pytest.mark.parametrize(
-    "op, name", [(lambda a, b: a * b, "multiply"), (lambda a, b: a + b, "add")]
+    "op, name",
+    [
+        (lambda a, b: a * b, "multiply"),
+        (lambda a, b: a + b, "add"),
+        (lambda a, b: a - b, "subtract"),
+        (lambda a, b: a / b, "divide"),
+    ],
 )
-def test_mismatched_sparse_operands_of_two_storage_types(op, name):
-    """rsp * csr and rsp + csr of different shapes failed inside the dense
-    fallback with JAX's "mul got incompatible shapes"."""
-    rsp, csr = jsr.zeros("row_sparse", (6, 2)), jsr.zeros("csr", (3, 5))
-    with pytest.raises(ValueError, match=rf"^{name}: operands must have the same shape"):
-        op(rsp, csr)
-    with pytest.raises(ValueError, match=rf"^{name}: operands must have the same shape"):
-        op(csr, jsr.zeros("csr", (3, 4)))
+def test_sparse_operands_of_two_storage_types_broadcast_densely(op, name):
+    """Their result is dense (the fallback), so they broadcast as dense arrays
+    do; shapes that do not broadcast failed inside the fallback with JAX's
+    "mul got incompatible shapes", and now name the op."""
+    rsp = jsr.row_sparse_array(([[1.0, 2.0, 3.0, 4.0]], [0]), shape=(1, 4))
+    csr = jsr.csr_matrix(np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jsr.StorageFallbackWarning)
+        got = op(rsp, csr)
+    want = op(np.asarray(rsp.todense()), np.asarray(csr.todense()))
+    assert jsr.stype(got) == "default" and got.shape == (3, 4)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    mismatched = jsr.zeros("row_sparse", (6, 2)), jsr.zeros("csr", (3, 5))
+    with pytest.raises(ValueError, match=rf"^{name}: operands of shapes \(6, 2\) and \(3, 5\)"):
+        op(*mismatched)
 
 
 # -- properties ------------------------------------------------------------------------

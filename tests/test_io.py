@@ -338,6 +338,10 @@ def test_ids_written_with_leading_zeros_past_18_characters(tmp_path):
         ("12345678901234567890", "feature id is larger than 10\\*\\*18 - 1"),
         ("0" * 18 + "-1", "feature ids must be integers >= 0 written with digits only"),
         ("0" * 25 + "a1", "feature ids must be integers >= 0 written with digits only"),
+        # a non-digit past the leading characters of a long id with another
+        # leading digit was named "larger than 10**18 - 1"
+        ("1.00000000000000000", "feature ids must be integers >= 0 written with digits only"),
+        ("1" + "0" * 17 + "a", "feature ids must be integers >= 0 written with digits only"),
     ],
 )
 def test_long_ids_that_are_not_leading_zeros_are_refused(tmp_path, token, what):

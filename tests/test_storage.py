@@ -243,14 +243,24 @@ def test_verbose_env_var_read_at_import(value, expected):
     assert logged == expected
 
 
-@pytest.mark.parametrize("configured", [False, True])
-def test_verbose_lines_print_once_with_or_without_logging_configured(configured):
+_ROOT_HANDLERS = {
+    "none": "",
+    "basicConfig": "logging.basicConfig(format='%(name)s: %(message)s')\n",
+    "warnings only": (
+        "h = logging.StreamHandler(); h.setLevel(logging.WARNING)\n"
+        "logging.getLogger().addHandler(h)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("root", sorted(_ROOT_HANDLERS))
+def test_verbose_lines_print_once_with_or_without_logging_configured(root):
     """With ``logging.basicConfig`` (a root handler) every line printed twice:
-    once by the library's own handler and once by the root's."""
+    once by the library's own handler and once by the root's. A root handler
+    that hides INFO lines must not silence the log either."""
+    configured = root == "basicConfig"
     code = (
-        "import logging, jaxsparse_rows as jsr\n"
-        + ("logging.basicConfig(format='%(name)s: %(message)s')\n" if configured else "")
-        + "jsr.set_verbose(True)\n"
+        "import logging, jaxsparse_rows as jsr\n" + _ROOT_HANDLERS[root] + "jsr.set_verbose(True)\n"
         "a = jsr.row_sparse_array(([[1., 2.]], [1]), shape=(3, 2))\n"
         "b = a * 2\n"
     )

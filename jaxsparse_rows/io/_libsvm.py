@@ -96,6 +96,17 @@ def _id_positions(fstart: np.ndarray, colons: np.ndarray) -> np.ndarray:
     return np.repeat(fstart - offsets, lens) + np.arange(int(lens.sum()))
 
 
+def _check_digits(chars: np.ndarray, lens: np.ndarray, fail) -> np.ndarray:
+    """The digit values of the ids' characters (``lens`` per id); names the
+    first id with another character. (uint8 arithmetic: a byte below '0'
+    wraps above 9.)"""
+    digits = chars - np.uint8(48)
+    if np.any(digits > 9):
+        first = int(np.searchsorted(np.cumsum(lens), np.argmax(digits > 9), side="right"))
+        raise fail(first, "feature ids must be integers >= 0 written with digits only")
+    return digits
+
+
 def _parse_ids(buf: np.ndarray, fstart: np.ndarray, colons: np.ndarray, fail):
     """Vectorised decimal parse of the feature ids (the bytes before each colon).
 
@@ -109,31 +120,21 @@ def _parse_ids(buf: np.ndarray, fstart: np.ndarray, colons: np.ndarray, fail):
     if lens.max() > 18:
         # Ids written with more than 18 characters are read when the extra
         # leading characters are zeros (as sklearn reads them); their digits
-        # start 18 characters before the colon.
+        # start 18 characters before the colon. Every id's characters are
+        # checked first, so a non-digit is named as such wherever it is.
+        written = _id_positions(fstart, colons)
+        _check_digits(buf[written], lens, fail)
         long = np.flatnonzero(lens > 18)
-        lead = lens[long] - 18
         head = buf[_id_positions(fstart[long], colons[long] - 18)]
-        owner = np.repeat(np.arange(long.size), lead)
         nonzero = head != np.uint8(48)
         if np.any(nonzero):
-            first = int(owner[np.argmax(nonzero)])
-            # (uint8 arithmetic: a byte below '0' wraps above 9)
-            all_digits = bool(np.all(head[owner == first] - np.uint8(48) <= 9))
-            raise fail(
-                int(long[first]),
-                "feature id is larger than 10**18 - 1"
-                if all_digits
-                else "feature ids must be integers >= 0 written with digits only",
-            )
-        written = _id_positions(fstart, colons)
+            owner = np.repeat(np.arange(long.size), lens[long] - 18)
+            raise fail(int(long[owner[np.argmax(nonzero)]]), "feature id is larger than 10**18 - 1")
         fstart = fstart.copy()
         fstart[long] = colons[long] - 18
         lens = colons - fstart
     pos = _id_positions(fstart, colons)
-    digits = buf[pos] - np.uint8(48)
-    if np.any(digits > 9):
-        first = int(np.searchsorted(np.cumsum(lens), np.argmax(digits > 9), side="right"))
-        raise fail(first, "feature ids must be integers >= 0 written with digits only")
+    digits = _check_digits(buf[pos], lens, fail)
     place = np.repeat(colons, lens) - 1 - pos
     ids = np.add.reduceat(digits * _POW10[place], np.cumsum(lens) - lens)
     return ids, pos if written is None else written
