@@ -101,6 +101,19 @@ def _as_index_array(indices: Any, name: str = "indices", *, host: bool = False) 
     return as_int_array(indices, name, index_dtype(), host=host)
 
 
+def validate_padding_data(data: np.ndarray, n_real: int, n_rows: int) -> None:
+    """Checks that the concrete ``data`` of the padding slots (from ``n_real``
+    on) is zero, naming the first slot that is not."""
+    pad = data[n_real:]
+    if np.any(pad != 0):
+        slot = n_real + int(np.argmax(np.any(pad.reshape(len(pad), -1) != 0, axis=1)))
+        raise ValueError(
+            f"padding slots (id N = {n_rows}) must hold zero `data`; slot {slot} holds "
+            "non-zero values. Give every stored row a real id (`jsr.row_sparse_array` "
+            "sorts them and sums repeats), and pad with zero rows (`x.with_capacity(k)`)."
+        )
+
+
 def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices") -> int:
     """Checks concrete row indices against the RowSparse invariant.
 
@@ -206,15 +219,7 @@ class RowSparse(SparseOperators):
         if is_concrete(indices):
             n_real = validate_row_indices(np.asarray(indices), shape[0])
             if n_real < data.shape[0] and is_concrete(data):
-                pad = np.asarray(data)[n_real:]
-                if np.any(pad != 0):
-                    slot = n_real + int(np.argmax(np.any(pad.reshape(len(pad), -1) != 0, axis=1)))
-                    raise ValueError(
-                        f"padding slots (id N = {shape[0]}) must hold zero `data`; slot {slot} "
-                        "holds non-zero values. Give every stored row a real id "
-                        "(`jsr.row_sparse_array` sorts them and sums repeats), and pad with "
-                        "zero rows (`x.with_capacity(k)`)."
-                    )
+                validate_padding_data(np.asarray(data), n_real, shape[0])
         self.data = as_jax(data)
         self.indices = as_jax(indices)
         self.shape = shape

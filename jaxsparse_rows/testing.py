@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, _validate_csr
-from ._rowsparse import RowSparse, _as_shape, validate_row_indices
+from ._rowsparse import RowSparse, _as_shape, validate_padding_data, validate_row_indices
 from ._storage import stype as _stype
 from ._util import check_static_int, index_dtype
 from .random import _check_density
@@ -318,8 +318,7 @@ def assert_valid(x: Any) -> None:
     try:
         if isinstance(x, RowSparse):
             n_real = validate_row_indices(np.asarray(x.indices), x.shape[0])
-            if np.any(data[n_real:] != 0):
-                raise ValueError("padding slots (id N) must hold zero `data`.")
+            validate_padding_data(data, n_real, x.shape[0])
         else:
             _validate_csr(data, np.asarray(x.indices), np.asarray(x.indptr), x.shape)
     except ValueError as e:

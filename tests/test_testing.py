@@ -118,3 +118,14 @@ def test_random_helpers_need_a_numpy_generator(helper):
     with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator.*PRNGKeyArray"):
         helper(jax.random.key(0), (3, 2))
     assert helper(np.random.default_rng(0), (3, 2)).shape == (3, 2)
+
+
+def test_assert_valid_names_the_padding_slot_with_non_zero_data():
+    """assert_valid checks padding data with the constructors' own check, so
+    its message names the slot as theirs do."""
+    rsp = jsr.RowSparse._make(jnp.array([[1.0], [2.0]]), jnp.array([1, 4]), (4, 1))
+    with pytest.raises(AssertionError, match=r"padding slots \(id N = 4\) .*; slot 1 holds"):
+        jsrt.assert_valid(rsp)
+    csr = jsr.CSR._make(jnp.array([1.0, 5.0]), jnp.array([0, 2]), jnp.array([0, 1]), (1, 2))
+    with pytest.raises(AssertionError, match=r"must hold zero `data`, but slot 1 holds 5.0"):
+        jsrt.assert_valid(csr)
