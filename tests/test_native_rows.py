@@ -6,6 +6,9 @@ donation, with autodiff, vmap and malformed ids."""
 from __future__ import annotations
 
 import os
+import platform
+import re
+import shutil
 import subprocess
 import sys
 
@@ -704,3 +707,43 @@ def test_csr_indptr_past_2_32_gives_the_same_rows_with_kernels_on_and_off():
                 outs.append(np.asarray(jax.jit(jsr.dot)(x, jnp.eye(3))))
         np.testing.assert_array_equal(outs[0], [[1, 1, 1]])
         np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def _prefetches_by_function(lib) -> dict[str, int]:
+    """Prefetch instructions in each function of the disassembled library."""
+    out = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-C", str(lib)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts: dict[str, int] = {}
+    name = None
+    for line in out.splitlines():
+        if line and not line[0].isspace() and line.endswith(">:"):
+            name = line.split("<", 1)[1][:-2]
+            counts[name] = 0
+        elif name is not None and re.search(r"\t(prefetch\w*|prfm)\s", line):
+            counts[name] += 1
+    return counts
+
+
+def test_scatter_loops_keep_their_prefetches():
+    """The scatters prefetch the rows a few ids ahead, as the gather does.
+    GCC 12 at -O3 once compiled every scatter loop without them (the gather
+    kept its own), which made the in-place ``+=`` of ``apply_updates`` about
+    1.7x slower than XLA's scatter on a 1M-row table; ``Rows::Row`` is now
+    always inlined, which keeps them. This reads the built library's machine
+    code: the functions that hold the scatter loops must contain prefetches."""
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    if platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"):
+        pytest.skip(f"no prefetch mnemonic known for {platform.machine()}")
+    counts = _prefetches_by_function(_native.library_path())
+
+    def total(*words):
+        return sum(n for f, n in counts.items() if any(w in f for w in words))
+
+    assert total("GatherT", "Gather(") > 0  # the probe itself sees prefetches
+    assert total("AddRows") > 0, "the scatter-add loop has no prefetch"
+    assert total("ScatterT", "Scatter(") > 0, "the scatter-set loop has no prefetch"
