@@ -133,6 +133,21 @@ class SparseOperators:
 
         return dot(other, self)
 
+    # -- reductions (as numpy's and scipy.sparse's methods) -------------------
+    def sum(self, axis: int | None = None, keepdims: bool = False) -> Any:  # noqa: A003
+        """``jsr.sum(self, axis, keepdims)``: the sum of all entries, or along
+        ``axis``, as a dense array (``jnp.sum`` does not take sparse arrays).
+
+        Example:
+          >>> import jaxsparse_rows as jsr
+          >>> x = jsr.RowSparse([[1., 2.], [3., 4.]], [0, 2], shape=(3, 2))
+          >>> x.sum(), x.sum(axis=1)
+          (Array(10., dtype=float32), Array([3., 0., 7.], dtype=float32))
+        """
+        from ._reductions import sum as sum_
+
+        return sum_(self, axis=axis, keepdims=keepdims)
+
 
 def _is_operand(x: Any) -> bool:
     """Arrays (sparse, JAX, numpy), numbers and lists: what jax.numpy computes with.

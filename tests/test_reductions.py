@@ -184,3 +184,27 @@ def test_csr_sums_of_halves_accumulate_in_float32(dtype, axis, jit_mode):
         assert got.dtype == want.dtype == dtype
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
         assert np.all(np.isfinite(np.asarray(got, np.float32)))
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=str)
+def test_sum_method_matches_numpy(kind, case, jit_mode):
+    """``x.sum(axis, keepdims)`` on RowSparse and CSR, as numpy's and
+    scipy.sparse's arrays have it (``jnp.sum`` refuses sparse arrays)."""
+    x = make(kind, case)
+    axes = [None] + list(range(x.ndim)) + [-1]
+    f = jit_mode(lambda x: [x.sum(axis=a, keepdims=k) for a in axes for k in (False, True)])
+    dense = _dense_of(x)
+    got = iter(f(x))
+    for a in axes:
+        for k in (False, True):
+            out = next(got)
+            assert isinstance(out, jax.Array)
+            np.testing.assert_allclose(
+                np.asarray(out), dense.sum(axis=a, keepdims=k), rtol=1e-6, atol=1e-6
+            )
+
+
+def test_sum_method_bad_axis_names_it():
+    x = make("row_sparse", ((6, 2), 3, 5))
+    with pytest.raises(ValueError, match="`axis` 2 is out of range for a 2-D array"):
+        x.sum(axis=2)
