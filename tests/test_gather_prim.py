@@ -200,9 +200,9 @@ def test_linear_transpose_through_pull_rows_and_take(on):
 @needs_kernels
 @pytest.mark.parametrize("d", [3, 64, 100])
 def test_threaded_sum_is_exact(rng, d):
-    """Enough rows for the sum to split its columns over XLA's pool (and a row
-    width that is not a whole number of blocks): equal to a serial float64 sum
-    rounded once, for a few rows repeated many times."""
+    """Enough rows that the sum once split its columns over XLA's pool (and
+    row widths that were not a whole number of its blocks): equal to a serial
+    float64 sum rounded once, for a few rows repeated many times."""
     k, n = 8192, 300
     ids = rng.integers(-5, n + 5, k).astype(np.int32)
     ids[:2000] = 7  # one row summed 2000 times
