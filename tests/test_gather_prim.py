@@ -55,7 +55,9 @@ def _values(rng, shape, dtype):
 @given(
     n=st.integers(0, 40),
     k=st.integers(0, 60),
-    row=st.sampled_from([(), (1,), (3,), (2, 3)]),
+    # (2,), (4,), (8,), (16,): every fixed row width of the kernels (1 to 32
+    # bytes) and the first prefetched one (64), for 4- and 8-byte values
+    row=st.sampled_from([(), (1,), (2,), (3,), (4,), (8,), (16,), (2, 3)]),
     dtype=st.sampled_from([np.float32, np.float64, np.int32]),
     idtype=st.sampled_from([np.int32, np.int64]),
     sorted_ids=st.booleans(),
@@ -85,6 +87,27 @@ def test_gather_and_sum_match_numpy(n, k, row, dtype, idtype, sorted_ids, on, se
             got = wrap(sfn)(jr, ji)
             assert got.dtype == rows.dtype and got.shape == want_s.shape
             np.testing.assert_allclose(got, want_s, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 2, 4, 8, 16, 24])
+def test_sum_of_rows_at_every_kernel_row_width(rng, d, dtype):
+    """The sum-of-rows kernel's fixed-width loops (rows of 4 to 32 bytes) and
+    its run-time width, with repeats, ids in any order and dropped ids, into
+    a result large enough for its zeroing to be split over the pool."""
+    n, k = 40_000, 3000
+    ids = rng.integers(-2, n + 3, k).astype(np.int32)
+    ids[:50] = 7  # a long run of one id
+    rows = rng.standard_normal((k, d)).astype(dtype)
+    want = _sum_oracle(rows, ids, n)
+    with jax.enable_x64(True), kernels_set(True):
+        jr, ji = jnp.asarray(rows), jnp.asarray(ids)
+        assert SUM in _hlo(lambda r, i: sum_rows(r, i, n), jr, ji)
+        for wrap in (lambda f: f, jax.jit):
+            got = wrap(lambda r, i: sum_rows(r, i, n))(jr, ji)
+            assert got.dtype == rows.dtype and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

@@ -101,7 +101,9 @@ def _hlo(fn, *args):
     n=st.integers(1, 60),
     k=st.integers(0, 30),
     n_pad=st.integers(0, 3),
-    row=st.sampled_from([(), (1,), (5,), (2, 3)]),
+    # (2,), (4,), (8,), (16,): every fixed row width of the kernels (1 to 32
+    # bytes) over the dtypes, and the first prefetched one (64 bytes)
+    row=st.sampled_from([(), (1,), (2,), (4,), (5,), (8,), (16,), (2, 3)]),
     dtype=st.sampled_from(DTYPES),
     idtype=st.sampled_from([np.int32, np.int64]),
     past_end=st.booleans(),
@@ -140,10 +142,33 @@ def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
     np.testing.assert_array_equal(np.asarray(jt), table)  # the operand was not written
 
 
+@pytest.mark.parametrize(
+    ("row_bytes", "dtype"),
+    [
+        (b, d)
+        for b in (1, 2, 4, 8, 16, 32, 48, 64, 128)
+        for d in (np.bool_, np.float16, np.float32, np.float64)
+        if b % np.dtype(d).itemsize == 0
+    ],
+    ids=lambda p: p if isinstance(p, int) else np.dtype(p).name,
+)
+def test_every_row_width_matches_oracle(row_bytes, dtype):
+    """Each fixed-width row loop of the kernels (1 to 32 bytes), a run-time
+    width below a cache line (48) and the prefetching ones (64, 128), for
+    every value size that divides the width."""
+    itemsize = np.dtype(dtype).itemsize
+    row = (row_bytes // itemsize,)
+    with jax.enable_x64(True):
+        _check_rows(50, 20, 2, row, dtype, np.int32, True, row_bytes)
+        _check_rows(50, 20, 0, row, dtype, np.int64, False, row_bytes + 1)
+
+
 @pytest.mark.parametrize("idtype", [np.int32, np.int64])
-def test_threaded_path_is_exact_and_repeatable(rng, idtype):
-    """Enough rows for the kernels to split the ids over XLA's pool."""
-    n, k, d = 20_000, 4096, 32  # 512 kB of rows
+@pytest.mark.parametrize("d", [1, 8, 32])
+def test_threaded_path_is_exact_and_repeatable(rng, idtype, d):
+    """Enough rows for the kernels to split the ids over XLA's pool (512 kB),
+    with a fixed-width row loop (d = 1, 8) and the prefetching one (d = 32)."""
+    n, k = 150_000, 131_072 // d
     table = rng.standard_normal((n, d)).astype(np.float32)
     ids = _ids(rng, n, k, 100, jax.dtypes.canonicalize_dtype(idtype))
     rows = rng.standard_normal((len(ids), d)).astype(np.float32)

@@ -45,7 +45,9 @@ void ParallelRanges(xla::ffi::ThreadPool& pool, int64_t n, bool worth_it, Body b
       }
     }
   };
-  for (int64_t t = 0; t + 1 < threads; ++t) pool.Schedule([run]() { run(); });
+  // One task per other thread, or per other piece where there are fewer.
+  const int64_t helpers = (pieces < threads ? pieces : threads) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([run]() { run(); });
   run();
   std::unique_lock<std::mutex> lock(state->mu);
   state->cv.wait(lock, [&] { return state->done.load() == pieces; });
