@@ -104,3 +104,22 @@ def test_libsvm_io_smoke(tmp_path):
     out, rec = run_smoke("libsvm_io.py", tmp_path)
     check_record(rec, "libsvm_io")
     assert "MB/s" in out
+
+
+def test_row_kernels_smoke(tmp_path):
+    """The kernel-level table: every op at every smoke width, the native
+    kernel (where built) beside the library's XLA path, and their ratio."""
+    from jaxsparse_rows import _native
+
+    out, rec = run_smoke("row_kernels.py", tmp_path)
+    assert rec["benchmark"] == "row_kernels" and rec["smoke"] is True
+    assert rec["config"]["dims"] == [1, 4, 16]
+    for op in ("gather", "scatter-set", "scatter-add", "sum of rows"):
+        table = rec["extra"][op]
+        assert set(table["ms"][f"XLA {op}"]) == {"1", "4", "16"}
+        assert all(ms > 0 for ms in table["ms"][f"XLA {op}"].values())
+        if _native.native_kernels_enabled():
+            ratios = table["native_over_xla"]
+            assert set(ratios) == {"1", "4", "16"} and all(r > 0 for r in ratios.values())
+        else:
+            assert f"[skip] native {op}" in out

@@ -1,0 +1,132 @@
+"""The native CPU row kernels against the library's XLA path, by row width.
+
+Every lazy optimizer step, ``apply_updates``, ``pull_rows`` and ``take``
+reduce to four row moves on a dense table: a gather of the rows at sorted ids,
+an in-place scatter-set and scatter-add at those ids, and the sum of rows by
+id in any order (the gather's transpose, into a fresh ``[N, D]`` result). On
+CPU the library runs them with its native kernels; elsewhere, or with
+``JAXSPARSE_ROWS_NATIVE=0``, with XLA's gather and scatter. This program times
+both on the same operands, for rows from 4 to 256 bytes (float32, D = 1 to
+64), so a change to the kernels shows where it helps or hurts.
+
+Default workload: a table of V = 1,000,000 rows, K = 65,536 ids (sorted,
+distinct, different ones every call from a pool of 8; random with repeats for
+the sum of rows), every step jitted and, for the scatters, the table donated.
+
+No targets: the issue's targets are on whole steps (``lazy_update.py``,
+``embedding_step.py``); this table is for the kernels' maintainers. The
+column ``native / XLA`` is the ratio of medians (below 1: the kernel is
+faster).
+
+Run ``python benchmarks/row_kernels.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+from jaxsparse_rows import _native  # noqa: E402
+from jaxsparse_rows._gather_prim import _gather_ref, _sum_ref, gather, sum_rows  # noqa: E402
+from jaxsparse_rows._row_moves import _scatter_xla, scatter_sorted_rows  # noqa: E402
+
+N_POOL = 8  # id sets cycled through, so no call finds the last call's rows in cache
+OPS = ("gather", "scatter-set", "scatter-add", "sum of rows")
+
+
+def _id_pool(v: int, k: int, sorted_unique: bool, seed: int = 0) -> list[jax.Array]:
+    rng = np.random.default_rng(seed)
+    k = min(k, v)
+    if sorted_unique:
+        sets = [np.sort(rng.choice(v, k, replace=False)) for _ in range(N_POOL)]
+    else:
+        sets = [rng.integers(0, v, k) for _ in range(N_POOL)]
+    return [jnp.asarray(s.astype(np.int32)) for s in sets]
+
+
+def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
+    """The native and the XLA version of ``op`` on a [v, d] float32 table."""
+    rng = np.random.default_rng(1)
+
+    def setup(native: bool):
+        if native and not _native.native_kernels_enabled():
+            raise h.Skip(f"native kernels unavailable: {_native.native_kernels_status()}")
+        rows = jnp.asarray(rng.standard_normal((k, d), dtype=np.float32))
+        if op == "gather":
+            table = jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))
+            ref = lambda t, i: _gather_ref(t, i, ids_sorted=True)  # noqa: E731
+            f = jax.jit(lambda t, i: gather(t, i, ids_sorted=True) if native else ref(t, i))
+            pool = itertools.cycle(_id_pool(v, k, True))
+            return lambda: f(table, next(pool))
+        if op == "sum of rows":
+            ref = lambda r, i: _sum_ref(r, i, n=v, ids_sorted=False)  # noqa: E731
+            f = jax.jit(lambda r, i: sum_rows(r, i, v) if native else ref(r, i))
+            pool = itertools.cycle(_id_pool(v, k, False))
+            return lambda: f(rows, next(pool))
+        add = op == "scatter-add"
+        state = [jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))]
+
+        def scatter(t, i, r):
+            return scatter_sorted_rows(t, i, r, add=add) if native else _scatter_xla(t, i, r, add)
+
+        f = jax.jit(scatter, donate_argnums=0)
+        pool = itertools.cycle(_id_pool(v, k, True))
+
+        def step():
+            state[0] = f(state[0], next(pool), rows)
+            return state[0]
+
+        return step
+
+    return [
+        h.Contender(f"native {op}", lambda: setup(True)),
+        h.Contender(f"XLA {op}", lambda: setup(False)),
+    ]
+
+
+def main(argv=None) -> None:
+    p = h.parser(__doc__)
+    p.add_argument("--vocab", type=int, default=1_000_000, help="table rows V (default 1e6)")
+    p.add_argument("--touched", type=int, default=65_536, help="ids K per call (default 65536)")
+    p.add_argument(
+        "--dims", default="1,2,4,8,16,64", help="comma-separated row widths D (float32 values)"
+    )
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
+    args = h.parse(p, argv)
+    dims = [int(x) for x in args.dims.split(",") if x.strip()]
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for o in ops:
+        if o not in OPS:
+            p.error(f"--ops: unknown op {o!r}; expected a subset of {OPS}")
+    if args.smoke:
+        args.vocab, args.touched, dims = 2000, 256, [1, 4, 16]
+    v, k = args.vocab, args.touched
+    rep = h.Report("row_kernels", args, {"vocab": v, "touched": k, "dims": dims, "ops": ops})
+    print(f"\ntable [{v} x D] float32, K = {k} ids per call; times in ms (median)")
+    for op in ops:
+        rows = []
+        for d in dims:
+            rows.append((d, h.measure(contenders(op, v, d, k), args.runs, budget_s=args.budget)))
+        table = h.sweep_table(f"{op}: native kernel and XLA by row width D", "D", rows)
+        for d, res in rows:
+            nat, xla = res[f"native {op}"], res[f"XLA {op}"]
+            if nat.times and xla.times:
+                table.setdefault("native_over_xla", {})[str(d)] = nat.median / xla.median
+        ratios = table.get("native_over_xla", {})
+        if ratios:
+            shown = ", ".join(f"D={d}: {r:.2f}x" for d, r in ratios.items())
+            print(f"native / XLA time: {shown}")
+        rep.add(op, table)
+    rep.finish()
+
+
+if __name__ == "__main__":
+    main()
