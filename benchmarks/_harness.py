@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -182,15 +183,6 @@ def _call(step: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def fits(rows: int) -> bool:
-    """Whether the sweeps time the contenders of a size interleaved: every
-    contender's table and state are alive together, so only up to 10^6 rows
-    (at 10^7 rows of 64 float32 each array is 2.5 GB). Interleaving keeps a
-    drift in the machine's load from landing on one contender of a cell,
-    which matters most for the sub-millisecond cells of small tables."""
-    return rows < 10_000_000
-
-
 def measure(
     contenders: Sequence[Contender],
     runs: int,
@@ -242,8 +234,13 @@ def measure(
     if interleave:
         for c in contenders:
             start(c)
+        # A new order every round (seeded, so runs are comparable): a
+        # contender's time can depend on which one ran just before it.
+        order = random.Random(0)
         while any(wants_more(n) for n in steps):
-            for name in list(steps):
+            names = list(steps)
+            order.shuffle(names)
+            for name in names:
                 if wants_more(name):
                     timed(name)
     else:
@@ -270,14 +267,24 @@ class Target:
 
     label: str
     fast: str
-    slow: str
+    slow: str | tuple[str, ...]
     at_least: float
 
+    def reference(
+        self, results: dict[str, Result], stat: Callable = statistics.median
+    ) -> tuple[float, str] | None:
+        """``(stat, name)`` of the contender the target compares with: ``slow``,
+        or the fastest (by ``stat``) of the measured ones when ``slow`` names
+        several (two implementations of one floor: the floor is the faster)."""
+        names = (self.slow,) if isinstance(self.slow, str) else self.slow
+        timed = [(stat(results[n].times), n) for n in names if n in results and results[n].times]
+        return min(timed) if timed else None
+
     def ratio(self, results: dict[str, Result], stat: Callable = statistics.median):
-        a, b = results.get(self.fast), results.get(self.slow)
-        if not a or not b or not a.times or not b.times:
+        a, ref = results.get(self.fast), self.reference(results, stat)
+        if not a or not a.times or ref is None:
             return None
-        return stat(b.times) / stat(a.times)
+        return ref[0] / stat(a.times)
 
     def check(self, results: dict[str, Result]) -> dict[str, Any]:
         r = self.ratio(results)
@@ -285,10 +292,11 @@ class Target:
             verdict = "n/a"
         else:
             verdict = "PASS" if r >= self.at_least else "MISS"
+        ref = self.reference(results)
         return {
             "label": self.label,
             "fast": self.fast,
-            "slow": self.slow,
+            "slow": ref[1] if ref else self.slow,
             "ratio": r,
             "ratio_of_mins": self.ratio(results, min),
             "at_least": self.at_least,
@@ -538,14 +546,15 @@ def flat_in_v_verdict(rep: Report, sweep: dict, name: str, floor: str, span: int
 
     The step does the same work at every V, but a bigger table misses the
     caches and the TLB more often; the floor (gathers and scatters of the
-    touched rows only) shows that growth. A floor growth below 1 is noise and
-    counts as 1, so ``name`` is never asked to get faster with V.
+    touched rows only) shows that growth. A floor that reads faster at the
+    largest V than at the smallest (growth below 1) is taken as measured:
+    counting it as 1 would only ever favour ``name``.
     """
     g, gf = sweep["growth"].get(name), sweep["growth"].get(floor)
     if g is None or gf is None:
         rep.verdict(f"{name} flat in V", None, None, "skipped (no floor or jsr data)")
         return
-    ref = max(gf, 1.0)
+    ref = gf
     rep.verdict(
         f"{name} flat in V",
         g / ref,

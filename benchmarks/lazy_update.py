@@ -7,18 +7,20 @@ Default workload (issue 6): parameters [V = 1,000,000 x D = 64] float32, a
 RowSparse gradient with K = 4096 distinct rows. Every JAX step is one jitted
 function with the parameters and optimizer state donated, doing update + apply.
 The floor is a jitted, donated step that only gathers and scatters those K rows
-of the parameters and of each state array with XLA's gather and scatter
-(nothing can do less work). A second floor does the same with the row kernels
-jsr's own steps use (its native CPU kernels, where built), for orientation: it
-shows how much of a lazy step is moving rows, and how much is the update rule.
-A pool of gradients with different rows is cycled so no contender keeps its
-rows in cache.
+of the parameters and of each state array, in two implementations: XLA's
+gather and scatter, and the row kernels jsr's own steps use (its native CPU
+kernels, where built). The target takes the faster of the two in each run.
+It is the least a JAX step with one gather and one scatter per array does,
+not the least work a machine could do: a fused loop over the rows outside
+JAX would be faster still. A pool of gradients with different rows is cycled
+so no contender keeps its rows in cache.
 
 Targets, for each optimizer: at least 40x faster than dense optax, at least 1.8x
-faster than the torch sparse optimizer, within 1.25x of the floor. ``--sweep``
-adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in V: its time
-may grow with V no more than 1.25x as fast as the floor's, whose growth is
-cache and TLB misses alone) and K from 256 to 65,536 at fixed V.
+faster than the torch sparse optimizer, within 1.25x of the faster floor.
+``--sweep`` adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in
+V: its time may grow with V no more than 1.25x as fast as the XLA floor's,
+whose growth is cache and TLB misses alone; every cell of this sweep times one
+contender at a time, as the 1e7 cell must) and K from 256 to 65,536 at fixed V.
 
 Run ``python benchmarks/lazy_update.py --help`` for the options.
 """
@@ -337,11 +339,13 @@ def family_targets(fam: Family) -> list[h.Target]:
         ts.append(
             h.Target(f"{fam.jsr_name} >= 1.8x faster than torch", fam.jsr_name, fam.torch_name, 1.8)
         )
+    # Two implementations of the floor (XLA's gather/scatter, and jsr's own
+    # row kernels): the target is the faster of the two in each run.
     ts.append(
         h.Target(
-            f"{fam.jsr_name} within 1.25x of the floor",
+            f"{fam.jsr_name} within 1.25x of the floor (the faster of two)",
             fam.jsr_name,
-            f"floor ({fam.key})",
+            (f"floor ({fam.key})", f"floor, jsr row kernels ({fam.key})"),
             1 / 1.25,
         )
     )
@@ -385,7 +389,10 @@ def main(argv=None) -> None:
         for v in vs:
             wv = make_workload(v, args.dim, k_fixed)
             cs = family_contenders(fam, wv, dense=v <= max(args.vocab, 10_000), torch=True)
-            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=h.fits(v))))
+            # Every cell one contender at a time, as the 10^7 cell must be (its
+            # states do not fit together): interleaved cells read up to 1.6x
+            # slower, so mixing the two modes bent the growth the verdict uses.
+            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, fam.jsr_name, f"floor ({fam.key})", vs[-1] // vs[0])

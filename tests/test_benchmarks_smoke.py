@@ -123,3 +123,32 @@ def test_row_kernels_smoke(tmp_path):
             assert set(ratios) == {"1", "4", "16"} and all(r > 0 for r in ratios.values())
         else:
             assert f"[skip] native {op}" in out
+
+
+def test_a_target_against_two_floors_takes_the_faster():
+    """``Target(slow=(a, b))`` compares with whichever of a and b has the
+    smaller median in this run, skips one that was not measured, and is n/a
+    when neither was."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _harness as h
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def res(name, *ms):
+        return h.Result(name, times=[m / 1e3 for m in ms])
+
+    results = {
+        "jsr": res("jsr", 1.0, 1.1, 1.2),
+        "xla floor": res("xla floor", 1.3, 1.4, 1.5),
+        "kernel floor": res("kernel floor", 0.7, 0.8, 0.9),
+    }
+    t = h.Target("jsr within 1.25x of the floor", "jsr", ("xla floor", "kernel floor"), 0.8)
+    check = t.check(results)
+    assert check["slow"] == "kernel floor" and check["verdict"] == "MISS"
+    assert abs(check["ratio"] - 0.8 / 1.1) < 1e-12
+    del results["kernel floor"]
+    check = t.check(results)
+    assert check["slow"] == "xla floor" and check["verdict"] == "PASS"
+    del results["xla floor"]
+    assert t.check(results)["verdict"] == "n/a"
