@@ -71,6 +71,16 @@ decltype(auto) ForRowWidth(int64_t row_bytes, F f) {
   }
 }
 
+// The T elements in a row of R bytes (R > 0), or of `row_bytes` (R == 0).
+template <typename T, int64_t R>
+__attribute__((always_inline)) inline int64_t RowElems(int64_t row_bytes) {
+  if constexpr (R > 0 && R % sizeof(T) == 0) {
+    return R / static_cast<int64_t>(sizeof(T));
+  } else {
+    return row_bytes / static_cast<int64_t>(sizeof(T));
+  }
+}
+
 // Copies one row of R bytes, or of `bytes` when R == 0.
 template <int64_t R>
 __attribute__((always_inline)) inline void CopyRow(char* dst, const char* src, int64_t bytes) {
@@ -99,10 +109,16 @@ struct Rows {
     return (r >= 0 && r < n) ? table + r * row_bytes : nullptr;
   }
 
-  // The bytes of each row to prefetch ahead: 0 for rows narrower than a
-  // cache line, at most kMaxPrefetchBytes (the rest streams in).
+  // The bytes of each row to prefetch ahead in a loop over rows of R bytes
+  // (R == 0: `row_bytes`): 0 for rows narrower than a cache line (every
+  // fixed width is), at most kMaxPrefetchBytes (the rest streams in).
+  template <int64_t R = 0>
   int64_t PrefetchBytes() const {
-    return row_bytes < kPrefetchMinRowBytes ? 0 : std::min(row_bytes, kMaxPrefetchBytes);
+    if constexpr (R > 0) {
+      return 0;
+    } else {
+      return row_bytes < kPrefetchMinRowBytes ? 0 : std::min(row_bytes, kMaxPrefetchBytes);
+    }
   }
 };
 
@@ -181,12 +197,12 @@ ffi::Error GatherT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer i
     return ffi::Error::InvalidArgument("gather: output size does not match [K, ...]");
   }
   char* o = static_cast<char*>(out->untyped_data());
-  const int64_t ahead = r.PrefetchBytes();
   ForRowWidth(r.row_bytes, [&](auto width) {
     constexpr int64_t R = decltype(width)::value;
+    const int64_t ahead = r.template PrefetchBytes<R>();
     ForIds(pool, r, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const char* src = r.Row(i, R > 0 ? 0 : ahead, false);
+        const char* src = r.Row(i, ahead, false);
         if (src) {
           CopyRow<R>(o + i * r.row_bytes, src, r.row_bytes);
         } else {
@@ -198,12 +214,12 @@ ffi::Error GatherT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer i
   return ffi::Error::Success();
 }
 
-// Adds rows[i] into the table's row ids[i] for i in [b, e); D > 0 is the row's
-// element count known at compile time (0: r.row_bytes / sizeof(T)).
-template <typename T, int64_t D, typename I>
+// Adds rows[i] into the table's row ids[i] for i in [b, e), rows of R bytes
+// (R == 0: r.row_bytes).
+template <typename T, int64_t R, typename I>
 void AddRows(const Rows<I>& r, const T* __restrict__ rows, int64_t b, int64_t e) {
-  const int64_t d = D > 0 ? D : r.row_bytes / static_cast<int64_t>(sizeof(T));
-  const int64_t ahead = D > 0 ? 0 : r.PrefetchBytes();
+  const int64_t d = RowElems<T, R>(r.row_bytes);
+  const int64_t ahead = r.template PrefetchBytes<R>();
   for (int64_t i = b; i < e; ++i) {
     T* __restrict__ dst = reinterpret_cast<T*>(const_cast<char*>(r.Row(i, ahead, true)));
     if (!dst) continue;
@@ -227,15 +243,15 @@ ffi::Error ScatterT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer 
   const char* src = static_cast<const char*>(rows.untyped_data());
   // Unsorted ids run on one thread, in id order (as XLA's scatter does).
   const bool may_split = r.k * r.row_bytes >= kParallelMinBytes && RepeatsAdjacent(r);
-  const int64_t ahead = r.PrefetchBytes();
   if (!add) {
     ForRowWidth(r.row_bytes, [&](auto width) {
       constexpr int64_t R = decltype(width)::value;
+      const int64_t ahead = r.template PrefetchBytes<R>();
       ForIds(
           pool, r,
           [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) {
-              char* dst = const_cast<char*>(r.Row(i, R > 0 ? 0 : ahead, true));
+              char* dst = const_cast<char*>(r.Row(i, ahead, true));
               if (dst) CopyRow<R>(dst, src + i * r.row_bytes, r.row_bytes);
             }
           },
@@ -247,11 +263,12 @@ ffi::Error ScatterT(ffi::ThreadPool& pool, ffi::AnyBuffer table, ffi::AnyBuffer 
   return jaxsparse_rows::ForDtypes(table.element_type(), ids.element_type(), [&](auto t, auto) {
     using T = decltype(t);
     ForRowWidth(r.row_bytes, [&](auto width) {
-      constexpr int64_t R = decltype(width)::value;
-      constexpr int64_t D = R % sizeof(T) == 0 ? R / static_cast<int64_t>(sizeof(T)) : 0;
+      // Widths that hold no whole T (1 or 2 bytes of float) cannot occur;
+      // they share the run-time loop rather than compile their own.
+      constexpr int64_t R = decltype(width)::value % sizeof(T) == 0 ? decltype(width)::value : 0;
       ForIds(
           pool, r,
-          [&](int64_t b, int64_t e) { AddRows<T, D, I>(r, reinterpret_cast<const T*>(src), b, e); },
+          [&](int64_t b, int64_t e) { AddRows<T, R, I>(r, reinterpret_cast<const T*>(src), b, e); },
           may_split);
     });
     return ffi::Error::Success();
@@ -320,11 +337,10 @@ ffi::Error SumRowsT(ffi::ThreadPool& pool, ffi::AnyBuffer rows, ffi::AnyBuffer i
   const T* src = static_cast<const T*>(rows.untyped_data());
   ForRowWidth(r.row_bytes, [&](auto width) {
     constexpr int64_t R = decltype(width)::value;
-    constexpr int64_t D = R % sizeof(T) == 0 ? R / static_cast<int64_t>(sizeof(T)) : 0;
-    const int64_t d = D > 0 ? D : r.row_bytes / static_cast<int64_t>(sizeof(T));
+    const int64_t d = RowElems<T, R>(r.row_bytes);
     // Ids in any order scatter their writes over the whole result, so even
     // rows narrower than a cache line prefetch theirs (one line).
-    const int64_t ahead = r.PrefetchBytes() > 0 ? r.PrefetchBytes() : 64;
+    const int64_t ahead = std::max<int64_t>(r.PrefetchBytes(), 64);
     for (int64_t i = 0; i < r.k; ++i) {
       T* __restrict__ to = reinterpret_cast<T*>(const_cast<char*>(r.Row(i, ahead, true)));
       if (!to) continue;
