@@ -554,13 +554,12 @@ def flat_in_v_verdict(rep: Report, sweep: dict, name: str, floor: str, span: int
     if g is None or gf is None:
         rep.verdict(f"{name} flat in V", None, None, "skipped (no floor or jsr data)")
         return
-    ref = gf
     rep.verdict(
         f"{name} flat in V",
-        g / ref,
-        g <= 1.25 * ref,
+        g / gf,
+        g <= 1.25 * gf,
         f"grows {g:.2f}x over a {span}x larger V; the floor grows {gf:.2f}x; "
-        f"ratio {g / ref:.2f} (target: <= 1.25)",
+        f"ratio {g / gf:.2f} (target: <= 1.25)",
     )
 
 

@@ -23,6 +23,7 @@ Run ``python benchmarks/row_kernels.py --help`` for the options.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 from pathlib import Path
@@ -62,21 +63,19 @@ def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
         rows = jnp.asarray(rng.standard_normal((k, d), dtype=np.float32))
         if op == "gather":
             table = jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))
-            ref = lambda t, i: _gather_ref(t, i, ids_sorted=True)  # noqa: E731
-            f = jax.jit(lambda t, i: gather(t, i, ids_sorted=True) if native else ref(t, i))
+            f = jax.jit(functools.partial(gather if native else _gather_ref, ids_sorted=True))
             pool = itertools.cycle(_id_pool(v, k, True))
             return lambda: f(table, next(pool))
         if op == "sum of rows":
-            ref = lambda r, i: _sum_ref(r, i, n=v, ids_sorted=False)  # noqa: E731
-            f = jax.jit(lambda r, i: sum_rows(r, i, v) if native else ref(r, i))
+            f = jax.jit(functools.partial(sum_rows if native else _sum_ref, n=v, ids_sorted=False))
             pool = itertools.cycle(_id_pool(v, k, False))
             return lambda: f(rows, next(pool))
         add = op == "scatter-add"
         state = [jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))]
-
-        def scatter(t, i, r):
-            return scatter_sorted_rows(t, i, r, add=add) if native else _scatter_xla(t, i, r, add)
-
+        if native:
+            scatter = functools.partial(scatter_sorted_rows, add=add)
+        else:
+            scatter = lambda t, i, r: _scatter_xla(t, i, r, add)  # noqa: E731
         f = jax.jit(scatter, donate_argnums=0)
         pool = itertools.cycle(_id_pool(v, k, True))
 
