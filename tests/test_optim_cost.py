@@ -26,10 +26,12 @@ pytestmark = pytest.mark.usefixtures("kernels")
 
 
 def _is_row_scatter(eqn) -> bool:
-    """A native in-place row scatter (its result aliases operand 0)."""
+    """A native in-place row scatter, or row-wise AdaGrad's fused update of its
+    accumulator rows: a kernel whose (first) result aliases operand 0."""
     return (
         eqn.primitive.name == "ffi_call"
-        and eqn.params["target_name"] == _native.SCATTER_ROWS_TARGET
+        and eqn.params["target_name"]
+        in (_native.SCATTER_ROWS_TARGET, _native.ROWWISE_ADAGRAD_TARGET)
         and dict(eqn.params["input_output_aliases"]) == {0: 0}
     )
 

@@ -51,6 +51,7 @@ SCATTER_ROWS_TARGET = "jaxsparse_rows_scatter_rows"
 SUM_ROWS_TARGET = "jaxsparse_rows_sum_rows"
 UNIQUE_IDS_TARGET = "jaxsparse_rows_unique_ids"
 SEARCH_IDS_TARGET = "jaxsparse_rows_search_ids"
+ROWWISE_ADAGRAD_TARGET = "jaxsparse_rows_rowwise_adagrad"
 _SYMBOLS = {  # custom-call target -> the library's handler symbol
     CSR_DENSE_TARGET: "jsr_csr_dense",
     CSR_T_DENSE_TARGET: "jsr_csr_t_dense",
@@ -59,6 +60,7 @@ _SYMBOLS = {  # custom-call target -> the library's handler symbol
     SUM_ROWS_TARGET: "jsr_sum_rows",
     UNIQUE_IDS_TARGET: "jsr_unique_ids",
     SEARCH_IDS_TARGET: "jsr_search_ids",
+    ROWWISE_ADAGRAD_TARGET: "jsr_rowwise_adagrad",
 }
 TARGETS = tuple(_SYMBOLS)
 """Every custom-call target name of the kernels. A program lowered for
@@ -167,6 +169,26 @@ def _sum_case(rng: np.random.Generator):
     return (rows, ids), n, expected
 
 
+def _rowwise_case(rng: np.random.Generator):
+    """Row-wise AdaGrad's accumulator update at sorted ids with a padding id and
+    an id past the table, rows wide enough for the threaded path, and one row
+    whose accumulator stays 0 with eps = 0; the expected (acc, scale)."""
+    n, k, d = 600, 520, 64
+    acc = rng.random(n).astype(np.float32)
+    ids = np.sort(rng.choice(n, k - 2, replace=False))
+    ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)
+    acc[ids[0]] = 0.0
+    grad = rng.standard_normal((k, d)).astype(np.float32)
+    grad[0] = 0.0
+    live = ids < n
+    want = acc.astype(np.float64)
+    want[ids[live]] += (grad[live].astype(np.float64) ** 2).mean(axis=1)
+    denom = np.sqrt(want[ids[live]])
+    scale = np.zeros(k)
+    scale[live] = np.where(denom == 0, 0.0, 1.0 / np.where(denom == 0, 1.0, denom))
+    return (acc, ids, grad, np.float32(0.0)), (want, scale)
+
+
 def _ids_case(rng: np.random.Generator):
     """Ids with repeats, padding and out-of-range ids, big enough for the radix
     sort, unique-d into a capacity that leaves the largest out; queries of a
@@ -196,8 +218,9 @@ def _self_test() -> str:
     rows_cases = _rows_cases(rng)
     sum_args, sum_n, sum_expected = _sum_case(rng)
     (ids, uniq_in), n_rows, cap, ids_expected = _ids_case(rng)
+    rowwise_args, rowwise_expected = _rowwise_case(rng)
 
-    def probe(csr_args, t_args, rows_args, sum_args, ids_args):
+    def probe(csr_args, t_args, rows_args, sum_args, ids_args, rowwise_args):
         return (
             csr_dense_call(*csr_args),
             csr_t_dense_call(*t_args, k),
@@ -212,10 +235,17 @@ def _self_test() -> str:
             sum_rows_call(*sum_args, sum_n),
             unique_ids_call(ids_args[0], n_rows, cap),
             search_ids_call(ids_args[1], ids_args[0], n_rows),
+            rowwise_adagrad_call(*rowwise_args),
         )
 
-    got, (idx, data), rows_got, sum_got, unique_got, search_got = _run_on_cpu(
-        probe, csr_args, t_args, [args for args, _ in rows_cases], sum_args, (ids, uniq_in)
+    got, (idx, data), rows_got, sum_got, unique_got, search_got, rowwise_got = _run_on_cpu(
+        probe,
+        csr_args,
+        t_args,
+        [args for args, _ in rows_cases],
+        sum_args,
+        (ids, uniq_in),
+        rowwise_args,
     )
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         return "the self-test product differed from numpy"
@@ -237,6 +267,9 @@ def _self_test() -> str:
         return "the self-test unique ids differed from numpy"
     if not np.array_equal(search_got, ids_expected[2]):
         return "the self-test id search differed from numpy"
+    pairs = zip(rowwise_got, rowwise_expected, strict=True)
+    if not all(np.allclose(g, w, rtol=1e-5, atol=0) for g, w in pairs):
+        return "the self-test row-wise AdaGrad update differed from numpy"
     return "ok"
 
 
@@ -494,6 +527,41 @@ def sum_rows_call(rows: Any, ids: Any, n: int) -> jax.Array:
     return jax.ffi.ffi_call(SUM_ROWS_TARGET, out, vmap_method="sequential")(rows, ids)
 
 
+def supports_rowwise_adagrad(acc: Any, ids: Any, grad: Any) -> bool:
+    """Whether :func:`rowwise_adagrad_call` takes these operands: a 1-D
+    float32/float64 accumulator with at least one row, gradient rows
+    ``[K, ...]`` of its dtype with at least one element each, and non-empty
+    1-D int32/int64 ``ids`` of length ``K``."""
+    return (
+        np.dtype(acc.dtype) in _VALUE_DTYPES
+        and np.dtype(grad.dtype) == np.dtype(acc.dtype)
+        and len(acc.shape) == 1
+        and acc.shape[0] > 0
+        and np.dtype(ids.dtype) in _INDEX_DTYPES
+        and ids.ndim == 1
+        and ids.shape[0] > 0
+        and grad.ndim >= 1
+        and grad.shape[0] == ids.shape[0]
+        and int(np.prod(grad.shape)) > 0
+    )
+
+
+def rowwise_adagrad_call(acc: Any, ids: Any, grad: Any, eps: Any):
+    """The raw FFI call of row-wise AdaGrad's per-row work: ``(acc, scale)`` with
+    ``acc[ids[i]] += mean(grad[i] ** 2)`` and ``scale[i] = 1 / (sqrt(acc[ids[i]])
+    + eps)`` (0 where that denominator is 0, and for ids outside ``[0, N)``);
+    ``eps`` is a scalar array of the accumulator's dtype. The accumulator
+    result aliases ``acc``. CPU only and not differentiable by itself."""
+    out = (
+        jax.ShapeDtypeStruct(tuple(acc.shape), acc.dtype),
+        jax.ShapeDtypeStruct(tuple(ids.shape), acc.dtype),
+    )
+    call = jax.ffi.ffi_call(
+        ROWWISE_ADAGRAD_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
+    )
+    return tuple(call(acc, ids, grad, eps))
+
+
 def supports_ids(ids: Any) -> bool:
     """Whether the id kernels take ``ids``: non-empty, 1-D, int32/int64."""
     return np.dtype(ids.dtype) in _INDEX_DTYPES and ids.ndim == 1 and ids.shape[0] > 0
@@ -539,6 +607,8 @@ __all__ = [
     "gather_rows_call",
     "scatter_rows_call",
     "sum_rows_call",
+    "supports_rowwise_adagrad",
+    "rowwise_adagrad_call",
     "supports_ids",
     "unique_ids_call",
     "search_ids_call",

@@ -3,7 +3,6 @@ accumulator per row, FBGEMM's EXACT_ROWWISE_ADAGRAD / MXNet's GroupAdaGrad)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from ._hparams import NONNEG, check_learning_rate, check_number
+from ._rowwise_rows import rowwise_adagrad_rows, rowwise_scales, scale_rows
 from ._transforms import scale_by_learning_rate
 from ._tree import (
     abs_sq,
@@ -171,19 +171,17 @@ def scale_by_lazy_rowwise_adagrad(
         (acc,) = states
         if decay:
             g = g + weight_decay * w
-        axes = tuple(range(1, g.ndim))
-        # mean over the row's elements; a row of no elements (D = 0) adds 0, not 0/0
-        size = max(math.prod(g.shape[1:]), 1)
-        # squared in the accumulator's dtype when it is wider (a float16
-        # gradient above 256 would square to inf and freeze the row for good)
-        wide = g.astype(jnp.promote_types(g.dtype, acc.dtype))
-        acc = acc + (jnp.sum(abs_sq(wide), axis=axes) / size).astype(acc.dtype)
-        denom = jnp.sqrt(acc) + eps
-        denom = denom.reshape(denom.shape + (1,) * len(axes))
-        # A row whose accumulator is still 0 (zero gradients so far) with
-        # eps = 0 gets a zero update, not 0/0; a NaN gradient stays visible.
-        zero = denom == 0
-        return jnp.where(zero, 0, g / jnp.where(zero, 1, denom)), [acc]
+        scale, acc = rowwise_scales(g, acc, eps)
+        return scale_rows(g, scale), [acc]
+
+    def lazy_rows(g, ids, states, w):
+        # The rule, fused with the gather and scatter of the accumulator (one
+        # native kernel on CPU; the same XLA ops elsewhere).
+        (acc,) = states
+        if decay:
+            g = g + weight_decay * w
+        acc, u = rowwise_adagrad_rows(acc, ids, g, eps)
+        return u, [acc]
 
     def update_fn(updates, state, params=None):
         check_state(state, ScaleByLazyRowwiseAdagradState, "scale_by_lazy_rowwise_adagrad")
@@ -200,7 +198,9 @@ def scale_by_lazy_rowwise_adagrad(
                     f"{tuple(g.shape[:1])}."
                 )
             w = p if decay else None
-            u, (acc,) = apply_rule(path, g, [acc], w, rule, lazy=True, check_states=False)
+            u, (acc,) = apply_rule(
+                path, g, [acc], w, rule, lazy=True, check_states=False, lazy_rows=lazy_rows
+            )
             return u, acc
 
         names = ("updates", "state.sum_of_squares", "params")

@@ -254,6 +254,7 @@ def apply_rule(
     *,
     lazy: bool,
     check_states: bool = True,
+    lazy_rows: Callable | None = None,
 ) -> tuple[Any, tuple[jax.Array, ...]]:
     """Applies an elementwise (or row-wise) update ``rule`` to one leaf.
 
@@ -265,6 +266,11 @@ def apply_rule(
     with donation. Otherwise the gradient is densified and ``rule`` runs on
     whole arrays. State dtypes are preserved. Shapes are checked against
     ``param`` and (with ``check_states``) against each state array.
+
+    ``lazy_rows(g_rows, ids, states, param_rows) -> (update_rows, new_states)``,
+    if given, replaces the lazy path's gather, ``rule``, masking and scatter
+    with one function that does all of it (a fused kernel); it must give what
+    they give.
     """
     check_inexact(path, grad)
     check_like(path, grad, param)
@@ -279,6 +285,10 @@ def apply_rule(
     if is_rowsparse(grad):
         if lazy:
             idx = grad.indices
+            if lazy_rows is not None:
+                prow = None if param is None else gather_rows(param, idx)
+                upd, new_states = lazy_rows(grad.data, idx, list(states), prow)
+                return RowSparse._make(upd, idx, grad.shape), tuple(new_states)
             rows = [gather_rows(s, idx) for s in states]
             prow = None if param is None else gather_rows(param, idx)
             upd, new_rows = rule(grad.data, rows, prow)

@@ -1,0 +1,106 @@
+"""Row-wise AdaGrad's work on the listed rows, as one native kernel on CPU.
+
+For the rows of a RowSparse gradient, :func:`rowwise_adagrad_rows` adds each
+row's mean square to its accumulator and returns the direction
+``g / (sqrt(acc) + eps)``. In XLA ops that is a gather of the ``[N]``
+accumulator, a row reduction, a scatter back and two elementwise passes over
+the ``[K, ...]`` rows, each a separate step on XLA:CPU (the reduction of
+64-wide rows alone cost more than the whole fused loop). On CPU it is one
+pass of ``_native/rowwise_adagrad.cc``; the XLA ops below are the reference
+it is tested against, the path on other platforms, for other dtypes and with
+the kernels off, and they supply its derivatives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .. import _native
+from .._kernel_call import on_cpu
+from .._row_moves import gather_sorted_rows, scatter_sorted_rows
+from .._rowsparse import mask_padding
+from ._tree import abs_sq
+
+
+def rowwise_scales(g: jax.Array, acc: jax.Array, eps) -> tuple[jax.Array, jax.Array]:
+    """``(scale, acc)`` for rows ``g`` ``[K, ...]`` (or a whole dense gradient) and
+    their accumulators ``acc`` ``[K]``: ``acc += mean(|g|**2)`` over each row, and
+    ``scale = 1 / (sqrt(acc) + eps)``, 0 where that denominator is 0. The
+    direction is ``g * scale`` (see :func:`scale_rows`)."""
+    axes = tuple(range(1, g.ndim))
+    # mean over the row's elements; a row of no elements (D = 0) adds 0, not 0/0
+    size = max(math.prod(g.shape[1:]), 1)
+    # squared in the accumulator's dtype when it is wider (a float16
+    # gradient above 256 would square to inf and freeze the row for good)
+    wide = g.astype(jnp.promote_types(g.dtype, acc.dtype))
+    acc = acc + (jnp.sum(abs_sq(wide), axis=axes) / size).astype(acc.dtype)
+    denom = jnp.sqrt(acc) + eps
+    # A row whose accumulator is still 0 (zero gradients so far) with eps = 0
+    # gets a zero update, not 0/0; a NaN or infinite gradient stays visible
+    # (its accumulator is NaN or inf, so its scale is NaN or 0, and inf * 0
+    # is NaN).
+    zero = denom == 0
+    return jnp.where(zero, 0, 1 / jnp.where(zero, 1, denom)), acc
+
+
+def scale_rows(g: jax.Array, scale: jax.Array) -> jax.Array:
+    """``g * scale`` with one ``scale`` per row (its leading axis)."""
+    return g * scale.reshape(scale.shape + (1,) * (g.ndim - scale.ndim))
+
+
+def _xla(acc, ids, grad, eps):
+    scale, rows = rowwise_scales(grad, gather_sorted_rows(acc, ids), eps)
+    live = ids < acc.shape[0]
+    return scatter_sorted_rows(acc, ids, rows), jnp.where(live, scale, jnp.zeros((), scale.dtype))
+
+
+def _native_call(acc, ids, grad, eps):
+    return _native.rowwise_adagrad_call(acc, ids, grad, eps)
+
+
+@jax.custom_jvp
+def _fused(acc, ids, grad, eps):
+    return on_cpu(_native_call, _xla, acc, ids, grad, eps)
+
+
+@_fused.defjvp
+def _fused_jvp(primals, tangents):
+    # The kernel's tangent is that of the XLA ops it fuses.
+    acc, ids, grad, eps = primals
+    d_acc, _, d_grad, d_eps = tangents
+    out = _fused(acc, ids, grad, eps)
+    _, d_out = jax.jvp(lambda a, g, e: _xla(a, ids, g, e), (acc, grad, eps), (d_acc, d_grad, d_eps))
+    return out, d_out
+
+
+def _native_ok(acc: jax.Array, ids: jax.Array, grad: jax.Array, eps) -> bool:
+    # A weakly typed accumulator stays in XLA, whose scatter keeps it weakly
+    # typed (a kernel's result is not); an eps that would widen the
+    # arithmetic (a float64 eps for a float32 accumulator) too.
+    return (
+        _native.native_kernels_enabled()
+        and not getattr(getattr(acc, "aval", None), "weak_type", False)
+        and jnp.result_type(acc.dtype, eps) == acc.dtype
+        and _native.supports_rowwise_adagrad(acc, ids, grad)
+    )
+
+
+def rowwise_adagrad_rows(
+    acc: jax.Array, ids: jax.Array, grad: jax.Array, eps
+) -> tuple[jax.Array, jax.Array]:
+    """``(acc, u)`` for the rows ``grad`` ``[K, ...]`` of a RowSparse gradient at
+    its sorted unique ``ids``: the accumulator with ``acc[ids[i]] +=
+    mean(|grad[i]|**2)``, and the direction rows ``u[i] = grad[i] /
+    (sqrt(acc[ids[i]]) + eps)`` (0 where that denominator is 0, and in padding
+    slots). A donated accumulator is updated in place. The kernel returns one
+    scale per row, so the ``[K, ...]`` direction is a single XLA pass that
+    fuses with what follows it (the learning rate)."""
+    acc, ids, grad = jnp.asarray(acc), jnp.asarray(ids), jnp.asarray(grad)
+    if _native_ok(acc, ids, grad, eps):
+        acc, scale = _fused(acc, ids, grad, jnp.asarray(eps, acc.dtype))
+    else:
+        acc, scale = _xla(acc, ids, grad, eps)
+    return acc, mask_padding(scale_rows(grad, scale), ids, acc.shape[0])
