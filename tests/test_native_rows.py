@@ -480,15 +480,30 @@ def _kernel_targets_in(text: str) -> list[str]:
     return [t for t in _native.TARGETS if t in text]
 
 
+def _rowwise_step_case():
+    """A jsr row-wise AdaGrad step (its fused accumulator kernel)."""
+    opt = jsr.optim.lazy_rowwise_adagrad(0.1)
+    p = jnp.zeros((10, 3))
+    g = jsr.RowSparse([[1.0, 2.0, 2.0]], [3], shape=(10, 3))
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), s
+
+    return step, (p, opt.init(p), g)
+
+
 def _export_cases():
     """``(fn, args)``: a lazy Adam step with a pulled view (row gather and
-    scatter), a CSR product, its transpose (csr kernels, id search) and
-    ``unique_rows`` (id kernel) - every kernel's call site."""
+    scatter), a row-wise AdaGrad step, a CSR product, its transpose (csr
+    kernels, id search) and ``unique_rows`` (id kernel) - every kernel's call
+    site."""
     step, args = _adam_step_case(pull=True)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))
     ids = jnp.array([4, 1, 4, 9, -1], jnp.int32)
     return [
         (step, args),
+        _rowwise_step_case(),
         (jsr.dot, (x, jnp.ones((5, 2)))),
         (lambda a, b: jsr.dot(a, b, transpose_a=True), (x, jnp.ones((3, 2)))),
         (lambda i: unique_rows(i, 8, 4), (ids,)),
