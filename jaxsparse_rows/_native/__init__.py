@@ -19,9 +19,13 @@ the CSR products of ``jsr.dot`` run it on CPU:
   coalescing (``ids.cc``, used by ``_ids.py``): the sorted unique ids of a
   batch with every id's slot (one radix sort), and the slots of ids in a
   sorted list (an interleaved branchless binary search).
+- row-wise AdaGrad's accumulator rows (``rowwise_adagrad.cc``, used by
+  ``optim/_rowwise_rows.py``): each listed row's mean square added to its
+  accumulator and one scale per row, in one pass.
 
 Other platforms (GPU, TPU), other dtypes, and installs without the library run
-the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_gather_prim.py``, ``_ids.py``),
+the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_gather_prim.py``, ``_ids.py``,
+``optim/_rowwise_rows.py``),
 which are the reference the kernels are tested against and which also supply
 their derivatives.
 
