@@ -1,9 +1,11 @@
 """Row-wise AdaGrad's fused native kernel (``_native/rowwise_adagrad.cc``): the
-accumulator rows and per-row scales equal a numpy oracle and the XLA ops it
-replaces, eagerly and under jit, over row shapes, dtypes, padding and the
-threaded path; in place under donation; memory-safe with malformed ids; with
-the XLA ops' derivatives and batching; and the cases it does not take stay in
-XLA."""
+accumulator rows and the update rows (learning rate folded in) equal a numpy
+oracle and the XLA ops it replaces, eagerly and under jit, over row shapes,
+dtypes, padding, learning rates and the threaded path; in place under
+donation; memory-safe with malformed ids; with the XLA ops' derivatives and
+batching; the cases it does not take stay in XLA; and ``lazy_rowwise_adagrad``,
+which folds its learning rate into the kernel, equals the chain it stands
+for."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
+import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,10 +35,10 @@ def kernels_on():
         yield
 
 
-def _oracle(acc, ids, grad, eps):
+def _oracle(acc, ids, grad, eps, alpha=None):
     """``(acc, u)`` in float64: each listed row's mean square added to its
-    accumulator, ``u = g / (sqrt(acc) + eps)`` (0 where that is 0 and in
-    padding slots)."""
+    accumulator, ``u = alpha * g / (sqrt(acc) + eps)`` (0 where that
+    denominator is 0 and in padding slots)."""
     acc = np.array(acc, np.float64)
     g = np.asarray(grad, np.float64)
     g = g.reshape(len(ids), int(np.prod(g.shape[1:])))
@@ -47,6 +50,8 @@ def _oracle(acc, ids, grad, eps):
             denom = np.sqrt(acc[r]) + eps
             if denom != 0:
                 u[i] = g[i] / denom
+    if alpha is not None:
+        u *= alpha
     return acc, u.reshape(np.shape(grad))
 
 
@@ -62,8 +67,8 @@ def _case(rng, n, k, n_pad, row, dtype, idtype, zero_rows=0):
     return acc, ids, grad
 
 
-def _run(acc, ids, grad, eps, *, jit):
-    fn = lambda a, i, g: rowwise_adagrad_rows(a, i, g, eps)  # noqa: E731
+def _run(acc, ids, grad, eps, *, jit, alpha=None):
+    fn = lambda a, i, g: rowwise_adagrad_rows(a, i, g, eps, alpha)  # noqa: E731
     if jit:
         fn = jax.jit(fn)
     return jax.tree.map(np.asarray, fn(jnp.asarray(acc), jnp.asarray(ids), jnp.asarray(grad)))
@@ -83,27 +88,30 @@ def _close(got, want, dtype):
     dtype=st.sampled_from([np.float32, np.float64]),
     idtype=st.sampled_from([np.int32, np.int64]),
     eps=st.sampled_from([0.0, 1e-8, 0.5]),
+    alpha=st.sampled_from([None, -0.05, 1.0, 3.0, 0.0]),
     zero_rows=st.integers(0, 2),
     jit=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matches_numpy_and_the_xla_ops(n, k, n_pad, row, dtype, idtype, eps, zero_rows, jit, seed):
+def test_matches_numpy_and_the_xla_ops(
+    n, k, n_pad, row, dtype, idtype, eps, alpha, zero_rows, jit, seed
+):
     with jax.enable_x64(True):  # float64 and int64 operands stay what they are
-        _check_against_numpy_and_xla(n, k, n_pad, row, dtype, idtype, eps, zero_rows, jit, seed)
+        case = _case(np.random.default_rng(seed), n, k, n_pad, row, dtype, idtype, zero_rows)
+        _check_against_numpy_and_xla(*case, dtype, eps, alpha, jit)
 
 
-def _check_against_numpy_and_xla(n, k, n_pad, row, dtype, idtype, eps, zero_rows, jit, seed):
-    acc, ids, grad = _case(np.random.default_rng(seed), n, k, n_pad, row, dtype, idtype, zero_rows)
-    got_acc, got_u = _run(acc, ids, grad, eps, jit=jit)
-    want_acc, want_u = _oracle(acc, ids, grad, eps)
+def _check_against_numpy_and_xla(acc, ids, grad, dtype, eps, alpha, jit):
+    got_acc, got_u = _run(acc, ids, grad, eps, jit=jit, alpha=alpha)
+    want_acc, want_u = _oracle(acc, ids, grad, eps, alpha)
     assert got_acc.dtype == got_u.dtype == np.dtype(dtype)
     _close(got_acc, want_acc, dtype)
     _close(got_u, want_u, dtype)
     with kernels_set(False):
-        xla_acc, xla_u = _run(acc, ids, grad, eps, jit=jit)
-    _close(got_acc, xla_acc, dtype)
+        xla_acc, xla_u = _run(acc, ids, grad, eps, jit=jit, alpha=alpha)
+    _close(got_acc, xla_acc, dtype)  # (the row sums add in another order)
     _close(got_u, xla_u, dtype)
-    text = jax.jit(lambda a, i, g: rowwise_adagrad_rows(a, i, g, eps)).lower(acc, ids, grad)
+    text = jax.jit(lambda a, i, g: rowwise_adagrad_rows(a, i, g, eps, alpha)).lower(acc, ids, grad)
     assert ROWWISE in text.as_text()
 
 
@@ -191,7 +199,8 @@ def test_repeated_ids_are_each_added_once(rng, ids):
         ids = rng.integers(0, 50, 4000)
     ids = np.asarray(ids, np.int32)
     grad = np.ones((len(ids), d), np.float32)
-    acc, _ = jax.jit(lambda a, i, g: _rowwise_rows._fused(a, i, g, jnp.float32(0)))(
+    one = jnp.float32(1)
+    acc, _ = jax.jit(lambda a, i, g: _rowwise_rows._fused(a, i, g, jnp.float32(0), one))(
         jnp.zeros(n), jnp.asarray(ids), jnp.asarray(grad)
     )
     np.testing.assert_array_equal(np.asarray(acc), np.bincount(ids, minlength=n))
@@ -203,15 +212,15 @@ def test_gradients_match_the_xla_ops(rng):
     acc0, ids, grad0 = _case(rng, 9, 4, 0, (3,), np.float32, np.int32)
 
     def loss(fn):
-        def f(acc, grad, eps):
-            a, s = fn(acc, jnp.asarray(ids), grad, eps)
-            return jnp.sin(a).sum() + (s * jnp.arange(1.0, s.shape[0] + 1)).sum()
+        def f(acc, grad, eps, alpha):
+            a, u = fn(acc, jnp.asarray(ids), grad, eps, alpha)
+            return jnp.sin(a).sum() + (u * jnp.arange(1.0, u.size + 1).reshape(u.shape)).sum()
 
         return f
 
-    args = (jnp.asarray(acc0) + 1.0, jnp.asarray(grad0), jnp.float32(0.1))
-    native = jax.grad(loss(_rowwise_rows._fused), (0, 1, 2))(*args)
-    xla = jax.grad(loss(_rowwise_rows._xla), (0, 1, 2))(*args)
+    args = (jnp.asarray(acc0) + 1.0, jnp.asarray(grad0), jnp.float32(0.1), jnp.float32(-0.7))
+    native = jax.grad(loss(_rowwise_rows._fused), (0, 1, 2, 3))(*args)
+    xla = jax.grad(loss(_rowwise_rows._xla), (0, 1, 2, 3))(*args)
     for a, b in zip(native, xla, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     jax.test_util.check_grads(loss(_rowwise_rows._fused), args, 1, modes=("fwd", "rev"), eps=1e-2)
@@ -221,9 +230,12 @@ def test_vmap_matches_the_xla_ops(rng):
     accs = jnp.asarray(rng.random((3, 8)).astype(np.float32))
     ids = jnp.array([[0, 5, 8], [1, 2, 3], [7, 8, 8]], jnp.int32)
     grads = jnp.asarray(rng.standard_normal((3, 3, 2)).astype(np.float32))
-    eps = jnp.float32(1e-3)
-    got = jax.jit(jax.vmap(lambda a, i, g: _rowwise_rows._fused(a, i, g, eps)))(accs, ids, grads)
-    want = jax.vmap(lambda a, i, g: _rowwise_rows._xla(a, i, g, eps))(accs, ids, grads)
+    eps, alphas = jnp.float32(1e-3), jnp.array([-0.1, 1.0, 2.5], jnp.float32)
+    fused = jax.vmap(lambda a, i, g, s: _rowwise_rows._fused(a, i, g, eps, s))
+    got = jax.jit(fused)(accs, ids, grads, alphas)
+    want = jax.vmap(lambda a, i, g, s: _rowwise_rows._xla(a, i, g, eps, s))(
+        accs, ids, grads, alphas
+    )
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
@@ -295,8 +307,96 @@ def test_self_test_catches_a_wrong_kernel(monkeypatch):
     assert _native._self_test() == "ok"
     real = _native.rowwise_adagrad_call
 
-    def no_mean(acc, ids, grad, eps):  # the sum of squares, not its mean
-        return real(acc, ids, grad * np.sqrt(grad.shape[1]), eps)
+    def no_mean(acc, ids, grad, eps, alpha):  # the sum of squares, not its mean
+        return real(acc, ids, grad * np.sqrt(grad.shape[1]), eps, alpha)
 
     monkeypatch.setattr(_native, "rowwise_adagrad_call", no_mean)
     assert _native._self_test() == "the self-test row-wise AdaGrad update differed from numpy"
+
+
+def _folded_and_chain(lr, wd):
+    from jaxsparse_rows.optim._adagrad import scale_by_lazy_rowwise_adagrad
+
+    chain = optax.chain(
+        scale_by_lazy_rowwise_adagrad(1e-8, wd), jsr.optim.scale_by_learning_rate(lr)
+    )
+    return jsr.optim.lazy_rowwise_adagrad(lr, eps=1e-8, weight_decay=wd), chain
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("lr", [0.1, "schedule"])
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+def test_folded_learning_rate_equals_the_chain(rng, kernels, lr, wd):
+    """``lazy_rowwise_adagrad`` folds its learning rate into the row-wise pass
+    (the kernel's ``alpha``). It keeps the state of the chain it stands for
+    (row-wise AdaGrad, then ``scale_by_learning_rate``) and gives its updates
+    and states bit for bit, on a RowSparse leaf with padding, a dense leaf and
+    a None leaf, with a constant and a scheduled learning rate."""
+    if lr == "schedule":
+        lr = optax.linear_schedule(0.2, 0.01, 4)
+    folded, chain = _folded_and_chain(lr, wd)
+    v, d = 40, 8
+    params = {
+        "table": jnp.asarray(rng.standard_normal((v, d)), jnp.float32),
+        "w": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32),
+        "none": None,
+    }
+    with kernels_set(kernels):
+        sa, sb = folded.init(params), chain.init(params)
+        assert jax.tree.structure(sa) == jax.tree.structure(sb)
+        fa, fb = jax.jit(folded.update), jax.jit(chain.update)
+        for _ in range(3):
+            ids = np.sort(rng.choice(v, 6, replace=False))
+            ids = np.concatenate([ids, [v, v]]).astype(np.int32)  # two padding slots
+            data = rng.standard_normal((8, d)).astype(np.float32)
+            data[6:] = 0
+            grads = {
+                "table": jsr.RowSparse._make(jnp.asarray(data), jnp.asarray(ids), (v, d)),
+                "w": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32),
+                "none": None,
+            }
+            (ua, sa), (ub, sb) = fa(grads, sa, params), fb(grads, sb, params)
+            assert jax.tree.structure(ua) == jax.tree.structure(ub)
+            for a, b in zip(jax.tree.leaves((ua, sa)), jax.tree.leaves((ub, sb)), strict=True):
+                np.testing.assert_array_equal(a, b)
+            assert float(jnp.abs(ua["table"].data[:6]).min()) > 0  # not a vacuous match
+        if kernels:
+            assert ROWWISE in fa.lower(grads, sa, params).as_text()
+
+
+def test_folded_learning_rate_step_is_two_kernel_calls():
+    """With the learning rate in the kernel, a jitted, donated step of
+    ``lazy_rowwise_adagrad`` on CPU is the row-wise kernel writing the final
+    update rows and the scatter-add consuming them: no XLA pass over the
+    ``[K, D]`` rows in between."""
+    opt = jsr.optim.lazy_rowwise_adagrad(0.1)
+    p = jnp.zeros((1000, 16))
+    g = jsr.RowSparse._make(jnp.ones((64, 16)), jnp.arange(0, 640, 10, dtype=jnp.int32), p.shape)
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return jsr.optim.apply_updates(p, u), s
+
+    hlo = jax.jit(step, donate_argnums=(0, 1)).lower(p, opt.init(p), g).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY") :]
+    assert entry.count("custom-call(") == 2 and ROWWISE in entry
+    assert _native.SCATTER_ROWS_TARGET in entry
+    assert " fusion(" not in entry and " multiply(" not in entry
+
+
+def test_folded_learning_rate_keeps_the_chain_errors():
+    """A state that is not the chain's pair gets the chain's own error; a
+    wrong schedule state gets scale_by_learning_rate's."""
+    folded, chain = _folded_and_chain(0.1, 0.0)
+    p = jnp.zeros((4, 2))
+    g = jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2))
+    wrong = chain.init(p)[0]  # the row-wise state alone
+    with pytest.raises(Exception) as want:
+        chain.update(g, wrong, p)
+    with pytest.raises(type(want.value)) as got:
+        folded.update(g, wrong, p)
+    assert str(got.value) == str(want.value)
+    sched, _ = _folded_and_chain(optax.constant_schedule(0.1), 0.0)
+    state = sched.init(p)
+    with pytest.raises(TypeError, match="scale_by_learning_rate"):
+        sched.update(g, (state[0], optax.EmptyState()), p)

@@ -19,9 +19,10 @@ the CSR products of ``jsr.dot`` run it on CPU:
   coalescing (``ids.cc``, used by ``_ids.py``): the sorted unique ids of a
   batch with every id's slot (one radix sort), and the slots of ids in a
   sorted list (an interleaved branchless binary search).
-- row-wise AdaGrad's accumulator rows (``rowwise_adagrad.cc``, used by
+- row-wise AdaGrad's rows (``rowwise_adagrad.cc``, used by
   ``optim/_rowwise_rows.py``): each listed row's mean square added to its
-  accumulator and one scale per row, in one pass.
+  accumulator and the row's update (learning rate included) written, in one
+  pass.
 
 Other platforms (GPU, TPU), other dtypes, and installs without the library run
 the pure-XLA implementations (``_dot.py``, ``_row_moves.py``, ``_gather_prim.py``, ``_ids.py``,
@@ -176,8 +177,9 @@ def _sum_case(rng: np.random.Generator):
 def _rowwise_case(rng: np.random.Generator):
     """Row-wise AdaGrad's accumulator update at sorted ids with a padding id and
     an id past the table, rows wide enough for the threaded path, and one row
-    whose accumulator stays 0 with eps = 0; the expected (acc, scale)."""
+    whose accumulator stays 0 with eps = 0; the expected (acc, direction)."""
     n, k, d = 600, 520, 64
+    alpha = -0.5
     acc = rng.random(n).astype(np.float32)
     ids = np.sort(rng.choice(n, k - 2, replace=False))
     ids = np.concatenate([ids, [n, n + 5]]).astype(np.int32)
@@ -190,7 +192,8 @@ def _rowwise_case(rng: np.random.Generator):
     denom = np.sqrt(want[ids[live]])
     scale = np.zeros(k)
     scale[live] = np.where(denom == 0, 0.0, 1.0 / np.where(denom == 0, 1.0, denom))
-    return (acc, ids, grad, np.float32(0.0)), (want, scale)
+    args = (acc, ids, grad, np.float32(0.0), np.float32(alpha))
+    return args, (want, grad * scale[:, None] * alpha)
 
 
 def _ids_case(rng: np.random.Generator):
@@ -272,7 +275,7 @@ def _self_test() -> str:
     if not np.array_equal(search_got, ids_expected[2]):
         return "the self-test id search differed from numpy"
     pairs = zip(rowwise_got, rowwise_expected, strict=True)
-    if not all(np.allclose(g, w, rtol=1e-5, atol=0) for g, w in pairs):
+    if not all(np.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in pairs):
         return "the self-test row-wise AdaGrad update differed from numpy"
     return "ok"
 
@@ -550,20 +553,22 @@ def supports_rowwise_adagrad(acc: Any, ids: Any, grad: Any) -> bool:
     )
 
 
-def rowwise_adagrad_call(acc: Any, ids: Any, grad: Any, eps: Any):
-    """The raw FFI call of row-wise AdaGrad's per-row work: ``(acc, scale)`` with
-    ``acc[ids[i]] += mean(grad[i] ** 2)`` and ``scale[i] = 1 / (sqrt(acc[ids[i]])
-    + eps)`` (0 where that denominator is 0, and for ids outside ``[0, N)``);
-    ``eps`` is a scalar array of the accumulator's dtype. The accumulator
-    result aliases ``acc``. CPU only and not differentiable by itself."""
+def rowwise_adagrad_call(acc: Any, ids: Any, grad: Any, eps: Any, alpha: Any):
+    """The raw FFI call of row-wise AdaGrad's per-row work: ``(acc, u)`` with
+    ``acc[ids[i]] += mean(grad[i] ** 2)`` and the direction rows ``u[i] =
+    (grad[i] * scale) * alpha``, ``scale = 1 / (sqrt(acc[ids[i]]) + eps)``
+    (0 where that denominator is 0; ``u[i] = 0`` for ids outside ``[0, N)``);
+    ``eps`` and ``alpha`` are scalar arrays of the accumulator's dtype. The
+    accumulator result aliases ``acc``. CPU only and not differentiable by
+    itself."""
     out = (
         jax.ShapeDtypeStruct(tuple(acc.shape), acc.dtype),
-        jax.ShapeDtypeStruct(tuple(ids.shape), acc.dtype),
+        jax.ShapeDtypeStruct(tuple(grad.shape), acc.dtype),
     )
     call = jax.ffi.ffi_call(
         ROWWISE_ADAGRAD_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
     )
-    return tuple(call(acc, ids, grad, eps))
+    return tuple(call(acc, ids, grad, eps, alpha))
 
 
 def supports_ids(ids: Any) -> bool:

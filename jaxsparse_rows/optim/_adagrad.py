@@ -11,7 +11,7 @@ import optax
 
 from ._hparams import NONNEG, check_learning_rate, check_number
 from ._rowwise_rows import rowwise_adagrad_rows, rowwise_scales, scale_rows
-from ._transforms import scale_by_learning_rate
+from ._transforms import learning_rate_step, scale_by_learning_rate
 from ._tree import (
     abs_sq,
     apply_rule,
@@ -156,6 +156,19 @@ def scale_by_lazy_rowwise_adagrad(
       >>> state.sum_of_squares
       Array([12.5,  0. ,  0. ], dtype=float32)
     """
+    init_fn, rowwise_update = _rowwise_adagrad(eps, weight_decay)
+
+    def update_fn(updates, state, params=None):
+        return rowwise_update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _rowwise_adagrad(eps: float, weight_decay: float):
+    """``(init, update)`` of :func:`scale_by_lazy_rowwise_adagrad`, where
+    ``update(updates, state, params=None, alpha=None)`` also multiplies the
+    updates by ``alpha`` (a learning rate folded into the same pass over the
+    rows, as a following ``scale_by_learning_rate`` would multiply them)."""
     check_number("eps", eps, NONNEG)
     check_number("weight_decay", weight_decay, none_ok=True)
 
@@ -167,26 +180,27 @@ def scale_by_lazy_rowwise_adagrad(
 
     decay = not known_zero(weight_decay)
 
-    def rule(g, states, w):
-        (acc,) = states
-        if decay:
-            g = g + weight_decay * w
-        scale, acc = rowwise_scales(g, acc, eps)
-        return scale_rows(g, scale), [acc]
-
-    def lazy_rows(g, ids, states, w):
-        # The rule, fused with the gather and scatter of the accumulator (one
-        # native kernel on CPU; the same XLA ops elsewhere).
-        (acc,) = states
-        if decay:
-            g = g + weight_decay * w
-        acc, u = rowwise_adagrad_rows(acc, ids, g, eps)
-        return u, [acc]
-
-    def update_fn(updates, state, params=None):
+    def update_fn(updates, state, params=None, alpha=None):
         check_state(state, ScaleByLazyRowwiseAdagradState, "scale_by_lazy_rowwise_adagrad")
         if decay and params is None:
             raise weight_decay_needs_params("rowwise AdaGrad with weight_decay", weight_decay)
+
+        def rule(g, states, w):
+            (acc,) = states
+            if decay:
+                g = g + weight_decay * w
+            scale, acc = rowwise_scales(g, acc, eps)
+            u = scale_rows(g, scale)
+            return (u if alpha is None else jnp.asarray(alpha, u.dtype) * u), [acc]
+
+        def lazy_rows(g, ids, states, w):
+            # The rule, fused with the gather and scatter of the accumulator
+            # and with alpha (one native kernel on CPU; XLA ops elsewhere).
+            (acc,) = states
+            if decay:
+                g = g + weight_decay * w
+            acc, u = rowwise_adagrad_rows(acc, ids, g, eps, alpha)
+            return u, [acc]
 
         def leaf(path, g, acc, p):
             if p is not None:
@@ -209,7 +223,7 @@ def scale_by_lazy_rowwise_adagrad(
         )
         return updates, ScaleByLazyRowwiseAdagradState(acc)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return init_fn, update_fn
 
 
 def lazy_rowwise_adagrad(
@@ -241,7 +255,23 @@ def lazy_rowwise_adagrad(
              [-1., -1.]], dtype=float32)
     """
     check_learning_rate(learning_rate)
-    return optax.chain(
+    chained = optax.chain(
         scale_by_lazy_rowwise_adagrad(eps, weight_decay),
         scale_by_learning_rate(learning_rate),
     )
+    _, rowwise_update = _rowwise_adagrad(eps, weight_decay)
+
+    def update_fn(updates, state, params=None):
+        # The chain above, with the learning rate folded into the row-wise
+        # pass (on CPU the native kernel writes the final update rows, instead
+        # of writing the direction for XLA to read and scale again). Same
+        # state, same results; a state of another shape gets the chain's own
+        # error.
+        if not (isinstance(state, tuple) and len(state) == 2):
+            return chained.update(updates, state, params)
+        rowwise_state, lr_state = state
+        step, lr_state = learning_rate_step(learning_rate, lr_state)
+        updates, rowwise_state = rowwise_update(updates, rowwise_state, params, alpha=step)
+        return updates, (rowwise_state, lr_state)
+
+    return optax.GradientTransformation(chained.init, update_fn)

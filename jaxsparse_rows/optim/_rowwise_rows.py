@@ -2,13 +2,15 @@
 
 For the rows of a RowSparse gradient, :func:`rowwise_adagrad_rows` adds each
 row's mean square to its accumulator and returns the direction
-``g / (sqrt(acc) + eps)``. In XLA ops that is a gather of the ``[N]``
-accumulator, a row reduction, a scatter back and two elementwise passes over
-the ``[K, ...]`` rows, each a separate step on XLA:CPU (the reduction of
-64-wide rows alone cost more than the whole fused loop). On CPU it is one
-pass of ``_native/rowwise_adagrad.cc``; the XLA ops below are the reference
-it is tested against, the path on other platforms, for other dtypes and with
-the kernels off, and they supply its derivatives.
+``g / (sqrt(acc) + eps)``, times the learning rate when one is folded in. In
+XLA ops that is a gather of the ``[N]`` accumulator, a row reduction, a
+scatter back and elementwise passes over the ``[K, ...]`` rows, each a
+separate step on XLA:CPU (the reduction of 64-wide rows alone cost more than
+the whole fused loop). On CPU it is one pass of
+``_native/rowwise_adagrad.cc``, which reads each gradient row from memory
+once; the XLA ops below are the reference it is tested against, the path on
+other platforms, for other dtypes and with the kernels off, and they supply
+its derivatives.
 """
 
 from __future__ import annotations
@@ -51,35 +53,42 @@ def scale_rows(g: jax.Array, scale: jax.Array) -> jax.Array:
     return g * scale.reshape(scale.shape + (1,) * (g.ndim - scale.ndim))
 
 
-def _xla(acc, ids, grad, eps):
+def _xla(acc, ids, grad, eps, alpha):
     scale, rows = rowwise_scales(grad, gather_sorted_rows(acc, ids), eps)
-    live = ids < acc.shape[0]
-    return scatter_sorted_rows(acc, ids, rows), jnp.where(live, scale, jnp.zeros((), scale.dtype))
+    u = mask_padding(scale_rows(grad, scale), ids, acc.shape[0])
+    if alpha is not None:
+        u = jnp.asarray(alpha, u.dtype) * u
+    return scatter_sorted_rows(acc, ids, rows), u
 
 
-def _native_call(acc, ids, grad, eps):
-    return _native.rowwise_adagrad_call(acc, ids, grad, eps)
+def _native_call(acc, ids, grad, eps, alpha):
+    return _native.rowwise_adagrad_call(acc, ids, grad, eps, alpha)
 
 
 @jax.custom_jvp
-def _fused(acc, ids, grad, eps):
-    return on_cpu(_native_call, _xla, acc, ids, grad, eps)
+def _fused(acc, ids, grad, eps, alpha):
+    return on_cpu(_native_call, _xla, acc, ids, grad, eps, alpha)
 
 
 @_fused.defjvp
 def _fused_jvp(primals, tangents):
     # The kernel's tangent is that of the XLA ops it fuses.
-    acc, ids, grad, eps = primals
-    d_acc, _, d_grad, d_eps = tangents
-    out = _fused(acc, ids, grad, eps)
-    _, d_out = jax.jvp(lambda a, g, e: _xla(a, ids, g, e), (acc, grad, eps), (d_acc, d_grad, d_eps))
+    acc, ids, grad, eps, alpha = primals
+    d_acc, _, d_grad, d_eps, d_alpha = tangents
+    out = _fused(acc, ids, grad, eps, alpha)
+    _, d_out = jax.jvp(
+        lambda a, g, e, s: _xla(a, ids, g, e, s),
+        (acc, grad, eps, alpha),
+        (d_acc, d_grad, d_eps, d_alpha),
+    )
     return out, d_out
 
 
 def _native_ok(acc: jax.Array, ids: jax.Array, grad: jax.Array, eps) -> bool:
     # A weakly typed accumulator stays in XLA, whose scatter keeps it weakly
     # typed (a kernel's result is not); an eps that would widen the
-    # arithmetic (a float64 eps for a float32 accumulator) too.
+    # arithmetic (a float64 eps for a float32 accumulator) too. (alpha is
+    # cast to the rows' dtype either way, as scale_by_learning_rate casts it.)
     return (
         _native.native_kernels_enabled()
         and not getattr(getattr(acc, "aval", None), "weak_type", False)
@@ -89,18 +98,17 @@ def _native_ok(acc: jax.Array, ids: jax.Array, grad: jax.Array, eps) -> bool:
 
 
 def rowwise_adagrad_rows(
-    acc: jax.Array, ids: jax.Array, grad: jax.Array, eps
+    acc: jax.Array, ids: jax.Array, grad: jax.Array, eps, alpha=None
 ) -> tuple[jax.Array, jax.Array]:
     """``(acc, u)`` for the rows ``grad`` ``[K, ...]`` of a RowSparse gradient at
     its sorted unique ``ids``: the accumulator with ``acc[ids[i]] +=
     mean(|grad[i]|**2)``, and the direction rows ``u[i] = grad[i] /
     (sqrt(acc[ids[i]]) + eps)`` (0 where that denominator is 0, and in padding
-    slots). A donated accumulator is updated in place. The kernel returns one
-    scale per row, so the ``[K, ...]`` direction is a single XLA pass that
-    fuses with what follows it (the learning rate)."""
+    slots), times ``alpha`` when given (``alpha * u``, as a following
+    ``scale_by_learning_rate`` computes it: one pass over the rows instead of
+    two). A donated accumulator is updated in place."""
     acc, ids, grad = jnp.asarray(acc), jnp.asarray(ids), jnp.asarray(grad)
     if _native_ok(acc, ids, grad, eps):
-        acc, scale = _fused(acc, ids, grad, jnp.asarray(eps, acc.dtype))
-    else:
-        acc, scale = _xla(acc, ids, grad, eps)
-    return acc, mask_padding(scale_rows(grad, scale), ids, acc.shape[0])
+        a = jnp.asarray(1.0 if alpha is None else alpha, acc.dtype)
+        return _fused(acc, ids, grad, jnp.asarray(eps, acc.dtype), a)
+    return _xla(acc, ids, grad, eps, alpha)

@@ -86,26 +86,38 @@ def scale_by_learning_rate(
     """
     check_learning_rate(learning_rate)
     sign = -1.0 if check_flag(flip_sign, "flip_sign") else 1.0
-    if callable(learning_rate):
-
-        def init_sched(params):
-            del params
-            return ScaleByLearningRateState(count=jnp.zeros([], jnp.int32))
-
-        def update_sched(updates, state, params=None):
-            del params
-            check_state(state, ScaleByLearningRateState, "scale_by_learning_rate")
-            step = sign * learning_rate(state.count)
-            out = _tree_scale(updates, step)
-            return out, ScaleByLearningRateState(optax.safe_increment(state.count))
-
-        return optax.GradientTransformation(init_sched, update_sched)
 
     def update_fn(updates, state, params=None):
         del params
-        return _tree_scale(updates, sign * learning_rate), state
+        step, state = learning_rate_step(learning_rate, state, sign)
+        return _tree_scale(updates, step), state
 
-    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+    return optax.GradientTransformation(_learning_rate_init(learning_rate), update_fn)
+
+
+def _learning_rate_init(learning_rate: optax.ScalarOrSchedule):
+    if not callable(learning_rate):
+        return optax.init_empty_state
+
+    def init_fn(params):
+        del params
+        return ScaleByLearningRateState(count=jnp.zeros([], jnp.int32))
+
+    return init_fn
+
+
+def learning_rate_step(
+    learning_rate: optax.ScalarOrSchedule, state: Any, sign: float = -1.0
+) -> tuple[Any, Any]:
+    """``(factor, new_state)`` of :func:`scale_by_learning_rate` for its
+    ``state``: ``sign * learning_rate`` (of the count, for a schedule), by
+    which it multiplies the updates, and its next state. For optimizers that
+    fuse the learning rate into their own pass over the rows."""
+    if callable(learning_rate):
+        check_state(state, ScaleByLearningRateState, "scale_by_learning_rate")
+        step = sign * learning_rate(state.count)
+        return step, ScaleByLearningRateState(optax.safe_increment(state.count))
+    return sign * learning_rate, state
 
 
 def add_decayed_weights(
