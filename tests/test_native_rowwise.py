@@ -129,17 +129,30 @@ def test_threaded_path_matches_numpy_and_repeats_exactly(rng, idtype):
         np.testing.assert_array_equal(a, b)
 
 
-def test_zero_rows_with_eps_zero_get_zero_updates_and_nan_stays_visible():
+@pytest.mark.parametrize("alpha", [None, -0.5])
+def test_zero_rows_with_eps_zero_get_zero_updates_and_nan_stays_visible(alpha):
     acc = np.zeros(4, np.float32)
     ids = np.array([0, 1, 2, 4], np.int32)  # 4: padding
     grad = np.array([[0.0, 0.0], [np.nan, 1.0], [np.inf, 1.0], [0.0, 0.0]], np.float32)
     for jit in (False, True):
-        new_acc, u = _run(acc, ids, grad, 0.0, jit=jit)
+        new_acc, u = _run(acc, ids, grad, 0.0, jit=jit, alpha=alpha)
         np.testing.assert_array_equal(u[0], [0.0, 0.0])  # 0, not 0/0
         assert np.isnan(u[1]).all() and np.isnan(u[2, 0])  # NaN and inf / inf
         np.testing.assert_array_equal(u[3], [0.0, 0.0])  # padding
+        # padding rows are 0 * alpha, as the XLA ops scale them: -0.0 here
+        assert np.signbit(u[3]).all() == (alpha is not None)
         assert new_acc[0] == 0 and np.isnan(new_acc[1]) and np.isinf(new_acc[2])
         assert new_acc[3] == 0  # an untouched row
+        with kernels_set(False):
+            _, xla_u = _run(acc, ids, grad, 0.0, jit=jit, alpha=alpha)
+        np.testing.assert_array_equal(_bits(u), _bits(xla_u))
+
+
+def _bits(x):
+    """The bit patterns of a float array: equal only where the floats are
+    identical, sign of zero and NaN payload included."""
+    x = np.asarray(x)
+    return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
 
 
 def test_donated_accumulator_is_updated_in_place():
@@ -176,13 +189,13 @@ def test_undonated_accumulator_is_left_alone():
 )
 def test_malformed_ids_are_memory_safe(ids):
     """Ids are not checked under jit; the kernel range-checks each one: ids
-    outside the accumulator get a zero scale and write nothing."""
+    outside the accumulator get a zero update row and write nothing."""
     i = np.asarray(ids, np.int32)
     grad = np.full((len(ids), 3), 2.0, np.float32)
-    acc, u = jax.jit(lambda a, i, g: rowwise_adagrad_rows(a, i, g, 0.0))(
+    acc, u = jax.jit(lambda a, i, g: rowwise_adagrad_rows(a, i, g, 0.0, -2.0))(
         jnp.zeros(10), jnp.asarray(i), jnp.asarray(grad)
     )
-    want_acc, want_u = _oracle(np.zeros(10), i, grad, 0.0)
+    want_acc, want_u = _oracle(np.zeros(10), i, grad, 0.0, -2.0)
     np.testing.assert_allclose(np.asarray(acc), want_acc, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(u), want_u, rtol=1e-6)
 
@@ -323,45 +336,66 @@ def _folded_and_chain(lr, wd):
     return jsr.optim.lazy_rowwise_adagrad(lr, eps=1e-8, weight_decay=wd), chain
 
 
+_FOLD_CASES = {
+    # name: (table dtype, learning rate, row shape, x64)
+    "float32": (jnp.float32, 0.1, (8,), False),
+    "schedule": (jnp.float32, "schedule", (8,), False),
+    "0-d array lr": (jnp.float32, "array", (8,), False),
+    "n-d rows": (jnp.float32, 0.1, (2, 3), False),
+    "bfloat16 (XLA)": (jnp.bfloat16, 0.1, (8,), False),
+    "float64 x64": (jnp.float64, "schedule", (8,), True),
+}
+
+
 @pytest.mark.parametrize("kernels", [True, False])
-@pytest.mark.parametrize("lr", [0.1, "schedule"])
+@pytest.mark.parametrize("case", list(_FOLD_CASES))
 @pytest.mark.parametrize("wd", [0.0, 0.05])
-def test_folded_learning_rate_equals_the_chain(rng, kernels, lr, wd):
+def test_folded_learning_rate_equals_the_chain(rng, kernels, case, wd):
     """``lazy_rowwise_adagrad`` folds its learning rate into the row-wise pass
     (the kernel's ``alpha``). It keeps the state of the chain it stands for
     (row-wise AdaGrad, then ``scale_by_learning_rate``) and gives its updates
-    and states bit for bit, on a RowSparse leaf with padding, a dense leaf and
-    a None leaf, with a constant and a scheduled learning rate."""
+    and states bit for bit (sign of zero included: padding rows are -0.0 in
+    both), on a RowSparse leaf with padding, a dense leaf and a None leaf."""
+    dtype, lr, row, x64 = _FOLD_CASES[case]
     if lr == "schedule":
         lr = optax.linear_schedule(0.2, 0.01, 4)
+    elif lr == "array":
+        lr = jnp.asarray(0.1, jnp.float32)
     folded, chain = _folded_and_chain(lr, wd)
-    v, d = 40, 8
-    params = {
-        "table": jnp.asarray(rng.standard_normal((v, d)), jnp.float32),
-        "w": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32),
-        "none": None,
-    }
-    with kernels_set(kernels):
+    v = 40
+    with jax.enable_x64(x64), kernels_set(kernels):
+        params = {
+            "table": jnp.asarray(rng.standard_normal((v,) + row), dtype),
+            "w": jnp.asarray(rng.standard_normal((5, 3)), dtype),
+            "none": None,
+        }
         sa, sb = folded.init(params), chain.init(params)
         assert jax.tree.structure(sa) == jax.tree.structure(sb)
         fa, fb = jax.jit(folded.update), jax.jit(chain.update)
         for _ in range(3):
             ids = np.sort(rng.choice(v, 6, replace=False))
             ids = np.concatenate([ids, [v, v]]).astype(np.int32)  # two padding slots
-            data = rng.standard_normal((8, d)).astype(np.float32)
+            data = rng.standard_normal((8,) + row)
             data[6:] = 0
             grads = {
-                "table": jsr.RowSparse._make(jnp.asarray(data), jnp.asarray(ids), (v, d)),
-                "w": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32),
+                "table": jsr.RowSparse._make(
+                    jnp.asarray(data, dtype), jnp.asarray(ids), (v,) + row
+                ),
+                "w": jnp.asarray(rng.standard_normal((5, 3)), dtype),
                 "none": None,
             }
             (ua, sa), (ub, sb) = fa(grads, sa, params), fb(grads, sb, params)
             assert jax.tree.structure(ua) == jax.tree.structure(ub)
             for a, b in zip(jax.tree.leaves((ua, sa)), jax.tree.leaves((ub, sb)), strict=True):
-                np.testing.assert_array_equal(a, b)
+                assert a.dtype == b.dtype
+                if jnp.issubdtype(a.dtype, jnp.floating):
+                    np.testing.assert_array_equal(_bits(a), _bits(b))
+                else:
+                    np.testing.assert_array_equal(a, b)
             assert float(jnp.abs(ua["table"].data[:6]).min()) > 0  # not a vacuous match
-        if kernels:
-            assert ROWWISE in fa.lower(grads, sa, params).as_text()
+            assert np.signbit(np.asarray(ua["table"].data[6:], np.float32)).all()
+        native = kernels and dtype != jnp.bfloat16
+        assert (ROWWISE in fa.lower(grads, sa, params).as_text()) == native
 
 
 def test_folded_learning_rate_step_is_two_kernel_calls():
@@ -384,19 +418,26 @@ def test_folded_learning_rate_step_is_two_kernel_calls():
     assert " fusion(" not in entry and " multiply(" not in entry
 
 
-def test_folded_learning_rate_keeps_the_chain_errors():
-    """A state that is not the chain's pair gets the chain's own error; a
-    wrong schedule state gets scale_by_learning_rate's."""
-    folded, chain = _folded_and_chain(0.1, 0.0)
+def test_folded_learning_rate_keeps_the_chain_errors_and_extra_args():
+    """The chain's errors, in the chain's order: a state whose halves are
+    swapped gets the row-wise state's error, as the chain gives it; a wrong
+    schedule state gets scale_by_learning_rate's. Like an optax.chain, the
+    update takes (and ignores) optax's extra arguments."""
+    sched = optax.constant_schedule(0.1)
+    folded, chain = _folded_and_chain(sched, 0.0)
     p = jnp.zeros((4, 2))
     g = jsr.RowSparse([[1.0, 1.0]], [1], shape=(4, 2))
-    wrong = chain.init(p)[0]  # the row-wise state alone
-    with pytest.raises(Exception) as want:
-        chain.update(g, wrong, p)
-    with pytest.raises(type(want.value)) as got:
-        folded.update(g, wrong, p)
+    rowwise_state, lr_state = chain.init(p)
+    swapped = (lr_state, rowwise_state)
+    with pytest.raises(TypeError) as want:
+        chain.update(g, swapped, p)
+    with pytest.raises(TypeError) as got:
+        folded.update(g, swapped, p)
+    assert "scale_by_lazy_rowwise_adagrad" in str(got.value)
     assert str(got.value) == str(want.value)
-    sched, _ = _folded_and_chain(optax.constant_schedule(0.1), 0.0)
-    state = sched.init(p)
     with pytest.raises(TypeError, match="scale_by_learning_rate"):
-        sched.update(g, (state[0], optax.EmptyState()), p)
+        folded.update(g, (rowwise_state, optax.EmptyState()), p)
+    assert isinstance(folded, optax.GradientTransformationExtraArgs)
+    ua, _ = folded.update(g, folded.init(p), p, value=jnp.float32(1.0))
+    ub, _ = chain.update(g, chain.init(p), p, value=jnp.float32(1.0))
+    np.testing.assert_array_equal(_bits(ua.data), _bits(ub.data))

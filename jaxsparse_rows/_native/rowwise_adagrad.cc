@@ -85,7 +85,9 @@ ffi::Error RowwiseAdagradT(ffi::ThreadPool& pool, ffi::AnyBuffer acc, ffi::AnyBu
       const T* __restrict__ gi = g + i * d;
       T* __restrict__ ui = u + i * d;
       if (a == nullptr) {
-        for (int64_t t = 0; t < d; ++t) ui[t] = T(0);
+        // 0 * alpha, as the XLA ops scale the masked row (-0.0 for a
+        // negative alpha, NaN for a NaN one): bit for bit the same rows
+        for (int64_t t = 0; t < d; ++t) ui[t] = T(0) * alpha;
         continue;
       }
       const T total = *a + SumOfSquares(gi, d) / size;
@@ -109,7 +111,8 @@ ffi::Error RowwiseAdagrad(ffi::ThreadPool pool, ffi::AnyBuffer acc, ffi::AnyBuff
   }
   if (grad.element_type() != t || eps.element_type() != t || alpha.element_type() != t ||
       acc_out->element_type() != t || dirs->element_type() != t) {
-    return ffi::Error::InvalidArgument("rowwise adagrad: accumulator, gradient and eps dtypes differ");
+    return ffi::Error::InvalidArgument(
+        "rowwise adagrad: accumulator, gradient, eps and alpha dtypes differ");
   }
   if (eps.element_count() != 1 || alpha.element_count() != 1) {
     return ffi::Error::InvalidArgument("rowwise adagrad: eps and alpha must be scalars");

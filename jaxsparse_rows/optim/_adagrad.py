@@ -261,17 +261,20 @@ def lazy_rowwise_adagrad(
     )
     _, rowwise_update = _rowwise_adagrad(eps, weight_decay)
 
-    def update_fn(updates, state, params=None):
+    def update_fn(updates, state, params=None, **extra_args):
         # The chain above, with the learning rate folded into the row-wise
         # pass (on CPU the native kernel writes the final update rows, instead
         # of writing the direction for XLA to read and scale again). Same
-        # state, same results; a state of another shape gets the chain's own
-        # error.
+        # state, same results, and the chain's errors in the chain's order
+        # (the row-wise state is checked before the learning rate's); a state
+        # of another shape gets the chain's own error.
         if not (isinstance(state, tuple) and len(state) == 2):
-            return chained.update(updates, state, params)
+            return chained.update(updates, state, params, **extra_args)
         rowwise_state, lr_state = state
+        check_state(rowwise_state, ScaleByLazyRowwiseAdagradState, "scale_by_lazy_rowwise_adagrad")
         step, lr_state = learning_rate_step(learning_rate, lr_state)
         updates, rowwise_state = rowwise_update(updates, rowwise_state, params, alpha=step)
         return updates, (rowwise_state, lr_state)
 
-    return optax.GradientTransformation(chained.init, update_fn)
+    # optax.chain's type: its update takes (and ignores) extra arguments
+    return optax.GradientTransformationExtraArgs(chained.init, update_fn)

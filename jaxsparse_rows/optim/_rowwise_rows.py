@@ -108,7 +108,8 @@ def rowwise_adagrad_rows(
     ``scale_by_learning_rate`` computes it: one pass over the rows instead of
     two). A donated accumulator is updated in place."""
     acc, ids, grad = jnp.asarray(acc), jnp.asarray(ids), jnp.asarray(grad)
-    if _native_ok(acc, ids, grad, eps):
+    # (a schedule that returns a non-scalar keeps XLA's broadcasting)
+    if _native_ok(acc, ids, grad, eps) and (alpha is None or jnp.ndim(alpha) == 0):
         a = jnp.asarray(1.0 if alpha is None else alpha, acc.dtype)
         return _fused(acc, ids, grad, jnp.asarray(eps, acc.dtype), a)
     return _xla(acc, ids, grad, eps, alpha)
