@@ -23,6 +23,7 @@ import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
 from jaxsparse_rows.optim import _rowwise_rows
 from jaxsparse_rows.optim._rowwise_rows import rowwise_adagrad_rows
+from tests import strategies as sst
 
 ROWWISE = _native.ROWWISE_ADAGRAD_TARGET
 
@@ -79,7 +80,7 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * 1e-3)
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=sst.examples(25))
 @given(
     n=st.integers(1, 60),
     k=st.integers(1, 40),
