@@ -559,7 +559,23 @@ def flat_in_v_verdict(rep: Report, sweep: dict, name: str, floor: str, span: int
         g / gf,
         g <= 1.25 * gf,
         f"grows {g:.2f}x over a {span}x larger V; the floor grows {gf:.2f}x; "
-        f"ratio {g / gf:.2f} (target: <= 1.25)",
+        f"ratio {g / gf:.2f} (target: <= 1.25){_ends_vs_floor(sweep, name, floor)}",
+    )
+
+
+def _ends_vs_floor(sweep: dict, name: str, floor: str) -> str:
+    """For the reader of a flat-in-V verdict: ``name``'s time as a multiple of
+    the floor's at the smallest and the largest V, where both were timed. A
+    step faster than its floor at the small end grows more than the floor
+    without being slower at the large end; these two figures tell which."""
+    ms, ms_floor = sweep["ms"].get(name, {}), sweep["ms"].get(floor, {})
+    both = [v for v in ms if v in ms_floor]
+    if len(both) < 2:
+        return ""
+    lo, hi = both[0], both[-1]
+    return (
+        f"; {ms[lo] / ms_floor[lo]:.2f}x the floor's time at V={lo}, "
+        f"{ms[hi] / ms_floor[hi]:.2f}x at V={hi}"
     )
 
 

@@ -152,3 +152,39 @@ def test_a_target_against_two_floors_takes_the_faster():
     assert check["slow"] == "xla floor" and check["verdict"] == "PASS"
     del results["xla floor"]
     assert t.check(results)["verdict"] == "n/a"
+
+
+def test_flat_in_v_verdict_reports_both_ends_against_the_floor():
+    """The flat-in-V verdict compares growths and, for its reader, gives the
+    step's time as a multiple of the floor's at the smallest and largest V:
+    here a step faster than its floor at the small end misses on growth
+    while it matches the floor at the large end."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _harness as h
+    finally:
+        sys.path.remove(str(BENCH))
+
+    class Rep:
+        def __init__(self):
+            self.got = []
+
+        def verdict(self, label, value, ok, text):
+            self.got.append((label, value, ok, text))
+
+    sweep = {
+        "ms": {
+            "jsr": {"10000": 1.0, "1000000": 1.5, "10000000": 3.0},
+            "floor": {"10000": 2.0, "1000000": 2.5, "10000000": 3.0},
+        },
+        "growth": {"jsr": 3.0, "floor": 1.5},
+    }
+    rep = Rep()
+    h.flat_in_v_verdict(rep, sweep, "jsr", "floor", 1000)
+    ((label, value, ok, text),) = rep.got
+    assert label == "jsr flat in V" and value == 2.0 and ok is False
+    assert text.endswith("0.50x the floor's time at V=10000, 1.00x at V=10000000")
+    del sweep["ms"]["floor"]["10000"]  # an end timed for one of the two only
+    rep = Rep()
+    h.flat_in_v_verdict(rep, sweep, "jsr", "floor", 1000)
+    assert rep.got[0][3].endswith("0.60x the floor's time at V=1000000, 1.00x at V=10000000")
