@@ -329,10 +329,8 @@ def test_self_test_catches_a_wrong_kernel(monkeypatch):
 
 
 def _folded_and_chain(lr, wd):
-    from jaxsparse_rows.optim._adagrad import scale_by_lazy_rowwise_adagrad
-
     chain = optax.chain(
-        scale_by_lazy_rowwise_adagrad(1e-8, wd), jsr.optim.scale_by_learning_rate(lr)
+        jsr.optim.scale_by_lazy_rowwise_adagrad(1e-8, wd), jsr.optim.scale_by_learning_rate(lr)
     )
     return jsr.optim.lazy_rowwise_adagrad(lr, eps=1e-8, weight_decay=wd), chain
 
