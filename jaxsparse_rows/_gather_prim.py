@@ -28,7 +28,14 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._util import explicit_spec, fit_ids, jitted_impl, replicated, zeros_rows
+from ._util import (
+    accumulation_dtype,
+    explicit_spec,
+    fit_ids,
+    jitted_impl,
+    replicated,
+    zeros_rows,
+)
 from ._util import gather_rows as _gather_rows_xla
 
 gather_rows_p = Primitive("jsr_gather_rows")
@@ -69,8 +76,32 @@ def gather(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax
 def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = False) -> jax.Array:
     """``zeros([n, ...]).at[ids].add(rows)`` for 1-D ``ids`` in any order: repeated
     ids are summed, ids outside ``[0, n)`` dropped. Linear in ``rows``; its
-    transpose is :func:`gather`."""
+    transpose is :func:`gather`.
+
+    float16 and bfloat16 rows are summed in float32 and rounded once, as
+    ``jnp.sum`` sums them (a bfloat16 running sum of ones stops at 256): the
+    gradient of a lookup that repeats an id is the rounded sum of its rows."""
     rows, ids = jnp.asarray(rows), jnp.asarray(ids)
+    n, ids_sorted = int(n), bool(ids_sorted)
+    acc = accumulation_dtype(rows.dtype)
+    if acc == rows.dtype or rows.shape[0] < 2:  # (fewer than 2 rows: nothing to round)
+        return _sum_rows(rows, ids, n, ids_sorted)
+    k = rows.shape[0]
+    if n <= k:  # a result no larger than the rows: sum into float32 rows
+        return _sum_rows(rows.astype(acc), ids, n, ids_sorted).astype(rows.dtype)
+    # A result larger than the rows (the gradient of a lookup into a dense
+    # [V, ...] table): repeated ids are summed into [k] float32 rows first, so
+    # there is no float32 copy of the result; each distinct id is then written
+    # once, which rounds nothing more.
+    from ._ids import unique_with_slots  # (which sums rows with this module)
+
+    uniq, _, slots = unique_with_slots(ids, n, k)
+    partial = _sum_rows(rows.astype(acc), slots, k, False)  # (slot k, dropped, can come first)
+    return _sum_rows(partial.astype(rows.dtype), uniq, n, True)
+
+
+def _sum_rows(rows: jax.Array, ids: jax.Array, n: int, ids_sorted: bool) -> jax.Array:
+    """:func:`sum_rows` in the dtype of ``rows``."""
     if explicit_spec(rows) is not None or explicit_spec(ids) is not None:
         return _sum_ref(rows, ids, n=int(n), ids_sorted=bool(ids_sorted))
     native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
@@ -147,7 +178,7 @@ def _gather_tangent(d_table, table, ids, *, ids_sorted, native):
 
 def _sum_tangent(d_rows, rows, ids, *, n, ids_sorted, native):
     del rows, native
-    return sum_rows(d_rows, ids, n, ids_sorted=ids_sorted)
+    return _sum_rows(d_rows, ids, n, ids_sorted)  # the primitive's own dtype
 
 
 ad.defjvp(gather_rows_p, _gather_tangent, None)

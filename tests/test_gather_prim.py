@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jaxpr_walk import all_eqns
 from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
@@ -235,3 +236,66 @@ def test_threaded_sum_is_exact(rng, d):
         assert SUM in f.lower(rows, ids).as_text()
         got = f(rows, ids)
     np.testing.assert_array_equal(got, _sum_oracle(rows, ids, n))
+
+
+HALVES = [jnp.bfloat16, jnp.float16]
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("n", [5, 300])  # a result smaller and larger than the rows
+@pytest.mark.parametrize("dtype", HALVES)
+def test_sums_of_half_rows_run_in_float32_and_round_once(rng, dtype, n, on):
+    """float16 and bfloat16 rows are summed in float32 and rounded once (as
+    ``jnp.sum`` does), into a result smaller than the rows or larger (where
+    repeated ids are summed into [k] rows first): 600 ones at one id sum to
+    600, where a running sum in bfloat16 stops at 256. Integer values keep
+    the float32 sums exact, so one rounding of the float64 oracle is exact."""
+    k = 700
+    ids = rng.integers(-2, n + 2, k).astype(np.int32)
+    ids[ids == 3] = 4
+    ids[rng.permutation(k)[:600]] = 3  # one id repeated 600 times, spread out
+    rows = rng.integers(-3, 4, (k, 2)).astype(np.float32)
+    rows[ids == 3] = 1.0
+    rows = rows.astype(dtype)
+    want = _sum_oracle(rows.astype(np.float64), ids, n).astype(dtype)
+    assert float(want[3, 0]) == 600.0
+    with kernels_set(on):
+        for wrap in (lambda f: f, jax.jit):
+            for sorted_ids in (False, True):
+                order = np.argsort(ids, kind="stable") if sorted_ids else np.arange(k)
+                fn = lambda r, i, s=sorted_ids: sum_rows(r, i, n, ids_sorted=s)  # noqa: E731
+                got = wrap(fn)(jnp.asarray(rows[order]), jnp.asarray(ids[order]))
+                assert got.dtype == dtype and got.shape == (n, 2)
+                np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_lookup_gradients_sum_repeated_ids_in_float32(dtype):
+    """The gradient of a lookup that repeats an id, into a dense half-precision
+    table and into a ``pull_rows`` view of it, is the rounded float32 sum; the
+    dense table's gradient builds no float32 ``[V, ...]`` value (repeated ids
+    are summed into one float32 row per looked-up id first)."""
+    v = 5000
+    ids = jnp.asarray(np.r_[np.full(600, 3), [7, 9, 7]].astype(np.int32))
+    table = jnp.zeros((v, 4), dtype)
+    counts = np.zeros((v, 4))
+    np.add.at(counts, np.asarray(ids), 1.0)
+
+    def loss(t):
+        return jnp.sum(jsr.take(t, ids).astype(jnp.float32))
+
+    for wrap in (lambda f: f, jax.jit):
+        g = wrap(jax.grad(loss))(table)
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(g, np.float64), counts)
+        view = jsr.pull_rows(table, ids)
+        gv = wrap(jsr.grad(loss))(view)
+        np.testing.assert_array_equal(np.asarray(gv.todense(), np.float64), counts)
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(table)
+    wide = [
+        (e.primitive.name, v_.aval.shape)
+        for e in all_eqns(jaxpr)
+        for v_ in e.outvars
+        if getattr(v_.aval, "dtype", None) == jnp.float32 and v in v_.aval.shape
+    ]
+    assert not wide, wide
