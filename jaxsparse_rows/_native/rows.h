@@ -18,7 +18,14 @@ namespace jaxsparse_rows {
 namespace ffi = xla::ffi;
 
 constexpr int64_t kPrefetchAhead = 8;          // ids ahead whose row is prefetched
-constexpr int64_t kMaxPrefetchBytes = 1024;    // of each such row (the rest streams in)
+// Of each such row only the first cache line is prefetched: that starts the
+// page walk and the first line early, and the rest of the row follows it in
+// (the hardware's adjacent-line prefetch, out-of-order loads). Prefetching
+// every line of a 256-byte row (up to 1 kB, before session 18) made the
+// scatter-set 1.2 to 1.4x XLA's time at V = 10^7 against 0.75 to 0.8x now,
+// and lazy Adam's step 0.73 to 1.21x its XLA floor against 0.60 to 0.77x;
+// no change at V = 10^4 or 10^6 (benchmarks.md, "Session 18").
+constexpr int64_t kMaxPrefetchBytes = 64;
 constexpr int64_t kParallelMinBytes = 1 << 17; // moved bytes below which one thread is faster
 
 // PrefetchRow and Rows::Row are always inlined: without that, GCC 12 at -O3
@@ -99,7 +106,7 @@ struct Rows {
 
   // The bytes of each row to prefetch ahead in a loop over rows of R bytes
   // (R == 0: `row_bytes`): 0 for rows narrower than a cache line (every
-  // fixed width is), at most kMaxPrefetchBytes (the rest streams in).
+  // fixed width is), at most kMaxPrefetchBytes (the first cache line).
   template <int64_t R = 0>
   int64_t PrefetchBytes() const {
     if constexpr (R > 0) {
