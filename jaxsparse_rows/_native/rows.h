@@ -22,9 +22,9 @@ constexpr int64_t kPrefetchAhead = 8;          // ids ahead whose row is prefetc
 // page walk and the first line early, and the rest of the row follows it in
 // (the hardware's adjacent-line prefetch, out-of-order loads). Prefetching
 // every line of a 256-byte row (up to 1 kB, before session 18) made the
-// scatter-set 1.2 to 1.4x XLA's time at V = 10^7 against 0.75 to 0.8x now,
-// and lazy Adam's step 0.73 to 1.21x its XLA floor against 0.60 to 0.77x;
-// no change at V = 10^4 or 10^6 (benchmarks.md, "Session 18").
+// scatter-set 0.96 to 1.41x XLA's time at V = 10^7 against 0.75 to 0.82x
+// now, and lazy Adam's step 0.73 to 1.21x its XLA floor's against 0.60 to
+// 0.77x; no change seen at V = 10^4 or 10^6 (benchmarks.md, "Session 18").
 constexpr int64_t kMaxPrefetchBytes = 64;
 constexpr int64_t kParallelMinBytes = 1 << 17; // moved bytes below which one thread is faster
 
