@@ -242,7 +242,7 @@ HALVES = [jnp.bfloat16, jnp.float16]
 
 
 @pytest.mark.parametrize("on", [True, False])
-@pytest.mark.parametrize("n", [5, 300])  # a result smaller and larger than the rows
+@pytest.mark.parametrize("n", [5, 3000])  # a result smaller and larger than the 700 rows
 @pytest.mark.parametrize("dtype", HALVES)
 def test_sums_of_half_rows_run_in_float32_and_round_once(rng, dtype, n, on):
     """float16 and bfloat16 rows are summed in float32 and rounded once (as
