@@ -101,11 +101,12 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
 
 
 def _sum_rows(rows: jax.Array, ids: jax.Array, n: int, ids_sorted: bool) -> jax.Array:
-    """:func:`sum_rows` in the dtype of ``rows``."""
+    """:func:`sum_rows` in the dtype of ``rows`` (``n`` an int, ``ids_sorted`` a
+    bool: :func:`sum_rows` and the primitive's parameters are both)."""
     if explicit_spec(rows) is not None or explicit_spec(ids) is not None:
-        return _sum_ref(rows, ids, n=int(n), ids_sorted=bool(ids_sorted))
+        return _sum_ref(rows, ids, n=n, ids_sorted=ids_sorted)
     native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
-    return sum_rows_p.bind(rows, ids, n=int(n), ids_sorted=bool(ids_sorted), native=native)
+    return sum_rows_p.bind(rows, ids, n=n, ids_sorted=ids_sorted, native=native)
 
 
 # ------------------------------------------------------------ evaluation rules
