@@ -26,14 +26,26 @@ rng = np.random.default_rng(0)
 def ids_kernels(x64: bool) -> None:
     dt = np.int64 if x64 else np.int32
     info = np.iinfo(dt)
+    # Every case in one program (each compile is slow under the sanitizers'
+    # allocator): the kernels and the XLA path side by side.
+    cases, inputs = [], []
     for n in (1, 9, 257, 3000):
         for n_rows in (7, int(info.max)):
             ids = rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
             ids[::2] = rng.integers(0, n_rows, len(ids[::2]), dtype=dt)
             for cap in (1, 2 * n):
-                got = jax.jit(lambda i, c=cap, r=n_rows: _ids.unique_with_slots(i, r, c))(ids)
-                want = _ids._unique_with_slots_xla(jnp.asarray(ids), n_rows, cap)
-                assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+                cases.append((n_rows, cap))
+                inputs.append(ids)
+
+    def uniques(all_ids):
+        return [
+            (_ids.unique_with_slots(i, r, c), _ids._unique_with_slots_xla(i, r, c))
+            for i, (r, c) in zip(all_ids, cases, strict=True)
+        ]
+
+    for got, want in jax.jit(uniques)(inputs):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    pairs = []
     for k in (1, 9, 1000):
         for m in (5, 17, 70_001):
             s = rng.integers(info.min, info.max, k, dtype=dt, endpoint=True)
@@ -41,8 +53,11 @@ def ids_kernels(x64: bool) -> None:
                 s = np.sort(s)  # the other half stays unsorted (malformed)
             q = rng.integers(info.min, info.max, m, dtype=dt, endpoint=True)
             q[::2] = s[rng.integers(0, k, len(q[::2]))]
-            got = np.asarray(jax.jit(lambda a, b: _ids.slots_in(a, b, int(info.max)))(s, q))
-            assert got.min() >= 0 and got.max() <= k
+            pairs.append((s, q))
+    searches = jax.jit(lambda ps: [_ids.slots_in(a, b, int(info.max)) for a, b in ps])(pairs)
+    for (s, _), got in zip(pairs, searches, strict=True):
+        got = np.asarray(got)
+        assert got.min() >= 0 and got.max() <= len(s), (got.min(), got.max(), len(s))
 
 
 def row_kernels() -> None:

@@ -93,7 +93,10 @@ def test_unique_matches_oracle_and_xla(n, n_rows, distinct, capacity, x64, seed)
             return _ids.unique_with_slots(i, n_rows, capacity)
 
         assert UNIQUE in _hlo(fn, ids)
-        xla = _ids._unique_with_slots_xla(ids.astype(_ids.index_dtype()), n_rows, capacity)
+        # the XLA path jitted: eagerly, each of its ops would compile on its own
+        xla = jax.jit(_ids._unique_with_slots_xla, static_argnums=(1, 2))(
+            ids.astype(_ids.index_dtype()), n_rows, capacity
+        )
         for got in (fn(ids), jax.jit(fn)(ids), xla):
             for g, w in zip(got, want, strict=True):
                 assert g.dtype == _ids.index_dtype()

@@ -116,7 +116,9 @@ def test_rows_match_oracle_and_xla(n, k, n_pad, row, dtype, idtype, past_end, se
         _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed)
 
 
-def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
+def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed, xla=True):
+    """The kernels against numpy, eagerly and under jit, and (with ``xla``)
+    XLA's own gather and scatter against numpy too."""
     rng = np.random.default_rng(seed)
     ids = _ids(rng, n, k, n_pad, idtype, past_end)
     if ids.size == 0:
@@ -127,7 +129,7 @@ def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
 
     want = _gather_oracle(table, ids)
     assert GATHER in _hlo(gather_sorted_rows, jt, ji)
-    for fn in (gather_sorted_rows, jax.jit(gather_sorted_rows), _gather_xla):
+    for fn in (gather_sorted_rows, jax.jit(gather_sorted_rows)) + ((_gather_xla,) if xla else ()):
         _assert_same(fn(jt, ji), want)
 
     adds = [False, True] if np.dtype(dtype) in (np.float32, np.float64) else [False]
@@ -138,7 +140,8 @@ def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
         )
         _assert_same(scatter_sorted_rows(jt, ji, jr, add=add), want)
         _assert_same(jax.jit(scatter_sorted_rows, static_argnames="add")(jt, ji, jr, add=add), want)
-        _assert_same(_scatter_xla(jt, ji, jr, add), want)
+        if xla:
+            _assert_same(_scatter_xla(jt, ji, jr, add), want)
     np.testing.assert_array_equal(np.asarray(jt), table)  # the operand was not written
 
 
@@ -155,12 +158,13 @@ def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed):
 def test_every_row_width_matches_oracle(row_bytes, dtype):
     """Each fixed-width row loop of the kernels (1 to 32 bytes), a run-time
     width below a cache line (48) and the prefetching ones (64, 128), for
-    every value size that divides the width."""
+    every value size that divides the width. (XLA's own ops, which do not
+    depend on the width, are checked against numpy by the property above.)"""
     itemsize = np.dtype(dtype).itemsize
     row = (row_bytes // itemsize,)
     with jax.enable_x64(True):
-        _check_rows(50, 20, 2, row, dtype, np.int32, True, row_bytes)
-        _check_rows(50, 20, 0, row, dtype, np.int64, False, row_bytes + 1)
+        _check_rows(50, 20, 2, row, dtype, np.int32, True, row_bytes, xla=False)
+        _check_rows(50, 20, 0, row, dtype, np.int64, False, row_bytes + 1, xla=False)
 
 
 @pytest.mark.parametrize("idtype", [np.int32, np.int64])
