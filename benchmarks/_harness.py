@@ -191,18 +191,28 @@ def measure(
     min_runs: int = 3,
     budget_s: float = 10.0,
     interleave: bool = True,
+    rounds: int = 1,
 ) -> dict[str, Result]:
     """Times every contender; returns ``{name: Result}`` (skipped ones included).
 
     With ``interleave`` all contenders are set up first and timed round-robin;
     without it each is set up, timed and released before the next (for sizes
-    where all states do not fit in memory together).
+    where all states do not fit in memory together). There, ``rounds > 1``
+    splits each contender's runs (and budget) over that many blocks, each with
+    a fresh setup and its own warm-up, in a new (seeded) order of contenders
+    every round: a burst of load on the host, or an unlucky placement of one
+    setup's arrays, then skews one block of a contender's runs rather than all
+    of them, and the median over all its runs stays put. The compile time and
+    first call reported are those of the first round.
     """
+    if rounds < 1 or (interleave and rounds != 1):
+        raise ValueError(f"rounds must be 1 with interleave, else >= 1; got {rounds}")
     results: dict[str, Result] = {}
     steps: dict[str, Callable[[], Any]] = {}
 
     def start(c: Contender) -> None:
-        res = results[c.name] = Result(c.name)
+        again = c.name in results  # a later round: set up afresh, reported once
+        res = results.setdefault(c.name, Result(c.name))
         try:
             step = c.setup()
         except Skip as e:
@@ -210,10 +220,12 @@ def measure(
             print(f"  [skip] {c.name}: {e}", flush=True)
             return
         with _CompileMonitor() as mon:
-            res.first_s = _call(step)
-        if c.jax:
-            res.compile_s = mon.seconds
-        res.compiles_first = mon.compiles
+            first_s = _call(step)
+        if not again:
+            res.first_s = first_s
+            if c.jax:
+                res.compile_s = mon.seconds
+            res.compiles_first = mon.compiles
         with _CompileMonitor() as mon:
             for _ in range(warmup):
                 _call(step)
@@ -226,10 +238,14 @@ def measure(
             res.times.append(_call(steps[name]))
         res.compiles_timed += mon.compiles
 
-    def wants_more(name: str) -> bool:
+    def wants_more(name: str, part: int = rounds) -> bool:
+        """Whether ``name`` is short of the first ``part`` rounds' share of its
+        runs and budget (all of them by default)."""
         res = results[name]
-        n = len(res.times)
-        return n < runs and (n < min_runs or sum(res.times) < budget_s)
+        n, share = len(res.times), part / rounds
+        return n < math.ceil(runs * share) and (
+            n < math.ceil(min_runs * share) or sum(res.times) < budget_s * share
+        )
 
     if interleave:
         for c in contenders:
@@ -244,13 +260,21 @@ def measure(
                 if wants_more(name):
                     timed(name)
     else:
-        for c in contenders:
-            start(c)
-            if c.name in steps:
-                while wants_more(c.name):
-                    timed(c.name)
-                del steps[c.name]
-                gc.collect()
+        order = random.Random(0)
+        for part in range(1, rounds + 1):
+            cs = list(contenders)
+            if rounds > 1:
+                order.shuffle(cs)
+            for c in cs:
+                res = results.get(c.name)
+                if res is not None and (res.skipped or not wants_more(c.name, part)):
+                    continue
+                start(c)
+                if c.name in steps:
+                    while wants_more(c.name, part):
+                        timed(c.name)
+                    del steps[c.name]
+                    gc.collect()
     steps.clear()
     gc.collect()
     return results
@@ -414,6 +438,13 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="seconds of timed runs after which a slow contender stops (min 3 runs)",
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="blocks each contender's runs are split into, each with a fresh setup, where "
+        "contenders are timed one at a time (the V sweeps; default 3, 1 with --smoke)",
+    )
+    p.add_argument(
         "--json", action="store_true", help=f"append one JSON line per run to {RESULTS_PATH.name}"
     )
     p.add_argument("--json-path", type=Path, default=RESULTS_PATH, help=argparse.SUPPRESS)
@@ -442,6 +473,10 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argp
         args.runs = 3 if args.smoke else 20
     if args.budget is None:
         args.budget = 1.0 if args.smoke else 8.0
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 3
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     print(
         f"# {Path(sys.argv[0]).name}: jax {jax.__version__} on {jax.default_backend()}, "
         f"{os.cpu_count()} CPUs, {platform.platform()}" + (" [smoke sizes]" if args.smoke else ""),

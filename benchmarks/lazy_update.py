@@ -20,7 +20,8 @@ faster than the torch sparse optimizer, within 1.25x of the faster floor.
 ``--sweep`` adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in
 V: its time may grow with V no more than 1.25x as fast as the XLA floor's,
 whose growth is cache and TLB misses alone; every cell of this sweep times one
-contender at a time, as the 1e7 cell must) and K from 256 to 65,536 at fixed V.
+contender at a time, as the 1e7 cell must, in ``--rounds`` blocks with a fresh
+setup each) and K from 256 to 65,536 at fixed V.
 
 Run ``python benchmarks/lazy_update.py --help`` for the options.
 """
@@ -392,7 +393,16 @@ def main(argv=None) -> None:
             # Every cell one contender at a time, as the 10^7 cell must be (its
             # states do not fit together): interleaved cells read up to 1.6x
             # slower, so mixing the two modes bent the growth the verdict uses.
-            rows.append((v, h.measure(cs, args.runs, budget_s=args.budget, interleave=False)))
+            # Split into rounds, each with a fresh setup, so that one noisy
+            # block cannot set a cell's median (one did in session 18).
+            rows.append(
+                (
+                    v,
+                    h.measure(
+                        cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
+                    ),
+                )
+            )
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, fam.jsr_name, f"floor ({fam.key})", vs[-1] // vs[0])

@@ -5,10 +5,14 @@ are run with ``--without torch``, which also exercises the skip notice."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 # Timings do not matter here: cheaper XLA compilation halves the run time.
@@ -188,3 +192,61 @@ def test_flat_in_v_verdict_reports_both_ends_against_the_floor():
     rep = Rep()
     h.flat_in_v_verdict(rep, sweep, "jsr", "floor", 1000)
     assert rep.got[0][3].endswith("0.60x the floor's time at V=1000000, 1.00x at V=10000000")
+
+
+def test_one_at_a_time_rounds_split_runs_over_fresh_setups():
+    """Timed one contender at a time with ``rounds=3``, each contender is set
+    up afresh in every round, in a new order each round, and runs its share of
+    the runs there; compile figures come from the first round; a contender
+    that skips is set up once; a contender out of budget is not set up again."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _harness as h
+    finally:
+        sys.path.remove(str(BENCH))
+
+    log = []
+
+    def contender(name, *, skip=False, seconds=0.0):
+        def setup():
+            log.append(("setup", name))
+            if skip:
+                raise h.Skip("not here")
+
+            def step():
+                log.append(("run", name))
+                time.sleep(seconds)
+
+            return step
+
+        return h.Contender(name, setup, jax=False)
+
+    cs = [contender("a"), contender("b"), contender("gone", skip=True)]
+    res = h.measure(cs, 7, warmup=1, budget_s=100.0, interleave=False, rounds=3)
+    assert [len(res[n].times) for n in ("a", "b")] == [7, 7]
+    assert res["gone"].skipped == "not here" and not res["gone"].times
+    setups = [n for kind, n in log if kind == "setup"]
+    assert setups.count("a") == setups.count("b") == 3 and setups.count("gone") == 1
+    rounds = [setups[0:3], setups[3:5], setups[5:7]]
+    assert sorted(rounds[0]) == ["a", "b", "gone"] and sorted(rounds[1]) == ["a", "b"]
+    assert len({tuple(n for n in r if n != "gone") for r in rounds}) == 2  # shuffled
+    # per round: first call + 1 warm-up + the round's share (3, 5, 7 in all)
+    per_setup = []
+    for kind, n in log:
+        if kind == "setup":
+            per_setup.append([n, 0])
+        else:
+            per_setup[-1][1] += 1
+    assert [c for n, c in per_setup if n == "a"] == [2 + 3, 2 + 2, 2 + 2]
+    assert res["a"].first_s > 0 and math.isnan(res["a"].compile_s)  # not JAX code
+
+    # a contender whose budget is spent in the first round is not set up again
+    log.clear()
+    res = h.measure(
+        [contender("slow", seconds=0.05)], 30, warmup=0, min_runs=1, budget_s=0.03,
+        interleave=False, rounds=3,
+    )  # fmt: skip
+    assert [n for kind, n in log if kind == "setup"] == ["slow"]
+    assert len(res["slow"].times) == 1
+    with pytest.raises(ValueError, match="rounds"):
+        h.measure(cs, 3, rounds=2)
