@@ -207,12 +207,15 @@ def measure(
     """
     if rounds < 1 or (interleave and rounds != 1):
         raise ValueError(f"rounds must be 1 with interleave, else >= 1; got {rounds}")
-    results: dict[str, Result] = {}
+    # in the contenders' order, whatever order the rounds time them in
+    results: dict[str, Result] = {c.name: Result(c.name) for c in contenders}
+    started: set[str] = set()
     steps: dict[str, Callable[[], Any]] = {}
 
     def start(c: Contender) -> None:
-        again = c.name in results  # a later round: set up afresh, reported once
-        res = results.setdefault(c.name, Result(c.name))
+        again = c.name in started  # a later round: set up afresh, reported once
+        started.add(c.name)
+        res = results[c.name]
         try:
             step = c.setup()
         except Skip as e:
@@ -266,8 +269,7 @@ def measure(
             if rounds > 1:
                 order.shuffle(cs)
             for c in cs:
-                res = results.get(c.name)
-                if res is not None and (res.skipped or not wants_more(c.name, part)):
+                if c.name in started and (results[c.name].skipped or not wants_more(c.name, part)):
                     continue
                 start(c)
                 if c.name in steps:

@@ -223,6 +223,7 @@ def test_one_at_a_time_rounds_split_runs_over_fresh_setups():
 
     cs = [contender("a"), contender("b"), contender("gone", skip=True)]
     res = h.measure(cs, 7, warmup=1, budget_s=100.0, interleave=False, rounds=3)
+    assert list(res) == ["a", "b", "gone"]  # the contenders' order, for the tables
     assert [len(res[n].times) for n in ("a", "b")] == [7, 7]
     assert res["gone"].skipped == "not here" and not res["gone"].times
     setups = [n for kind, n in log if kind == "setup"]
