@@ -443,8 +443,9 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="blocks each contender's runs are split into, each with a fresh setup, where "
-        "contenders are timed one at a time (the V sweeps; default 3, 1 with --smoke)",
+        help="blocks each contender's runs are split into, each with a fresh setup, in the "
+        "V sweeps of lazy_update.py and embedding_step.py, whose flat-in-V verdicts rest on "
+        "cells timed one contender at a time (default 3, 1 with --smoke)",
     )
     p.add_argument(
         "--json", action="store_true", help=f"append one JSON line per run to {RESULTS_PATH.name}"
