@@ -562,14 +562,10 @@ def main(argv=None) -> None:
             cs = [contender(k, vv, d, bt) for k in keys]
             # One contender at a time in every cell, as the 10^7 cell must be
             # (see lazy_update.py).
-            rows.append(
-                (
-                    vv,
-                    h.measure(
-                        cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
-                    ),
-                )
+            res = h.measure(
+                cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
             )
+            rows.append((vv, res))
         sw = h.sweep_table(f"sweep: V at B={b}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, JSR, FLOOR, vs[-1] // vs[0])

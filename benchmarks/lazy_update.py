@@ -395,14 +395,10 @@ def main(argv=None) -> None:
             # slower, so mixing the two modes bent the growth the verdict uses.
             # Split into rounds, each with a fresh setup, so that one noisy
             # block cannot set a cell's median (one did in session 18).
-            rows.append(
-                (
-                    v,
-                    h.measure(
-                        cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
-                    ),
-                )
+            res = h.measure(
+                cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
             )
+            rows.append((v, res))
         sw = h.sweep_table(f"sweep {fam.key}: V at K={k_fixed}, D={args.dim}", "V", rows)
         rep.add("sweep_V", sw)
         h.flat_in_v_verdict(rep, sw, fam.jsr_name, f"floor ({fam.key})", vs[-1] // vs[0])

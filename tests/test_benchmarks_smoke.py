@@ -52,6 +52,16 @@ def run_smoke(program: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
     return stdout, json.loads(lines[0])
 
 
+def _harness():
+    """The benchmarks' ``_harness`` module (imported from ``benchmarks/``)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _harness
+    finally:
+        sys.path.remove(str(BENCH))
+    return _harness
+
+
 def check_record(record: dict, benchmark: str) -> None:
     assert record["benchmark"] == benchmark
     assert record["smoke"] is True
@@ -133,11 +143,7 @@ def test_a_target_against_two_floors_takes_the_faster():
     """``Target(slow=(a, b))`` compares with whichever of a and b has the
     smaller median in this run, skips one that was not measured, and is n/a
     when neither was."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _harness as h
-    finally:
-        sys.path.remove(str(BENCH))
+    h = _harness()
 
     def res(name, *ms):
         return h.Result(name, times=[m / 1e3 for m in ms])
@@ -163,11 +169,7 @@ def test_flat_in_v_verdict_reports_both_ends_against_the_floor():
     step's time as a multiple of the floor's at the smallest and largest V:
     here a step faster than its floor at the small end misses on growth
     while it matches the floor at the large end."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _harness as h
-    finally:
-        sys.path.remove(str(BENCH))
+    h = _harness()
 
     class Rep:
         def __init__(self):
@@ -199,11 +201,7 @@ def test_one_at_a_time_rounds_split_runs_over_fresh_setups():
     up afresh in every round, in a new order each round, and runs its share of
     the runs there; compile figures come from the first round; a contender
     that skips is set up once; a contender out of budget is not set up again."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _harness as h
-    finally:
-        sys.path.remove(str(BENCH))
+    h = _harness()
 
     log = []
 
