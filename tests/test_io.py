@@ -217,7 +217,7 @@ def test_integer_data_is_saved_exactly(tmp_path, dtype):
     data = np.array(big, dtype)
     x = jsr.CSR(data, np.array([0, 2]), np.array([0, 1, 2]), (2, 3))
     path = tmp_path / "int.svm"
-    jsr.io.save_libsvm(path, x, np.array([1, 2]))
+    jsr.io.save_libsvm(path, x, np.array([1, 2]), header=False)
     tokens = path.read_text().split()
     assert tokens[1] == f"1:{int(big[0])}" and tokens[3] == f"3:{int(big[1])}", tokens
 
@@ -356,6 +356,217 @@ def test_qid_tokens_get_their_own_message(tmp_path):
     path.write_text("1 1:2\n2 qid:7 1:1\n")
     with pytest.raises(ValueError, match=r"line 2: `qid:` .* not supported.*got token 'qid:7'"):
         jsr.io.load_libsvm(path)
+
+
+@pytest.mark.parametrize(
+    "text, dtype, line, token",
+    [
+        ("1 1:2\n1 2:1e39\n", jnp.float32, 2, "2:1e39"),
+        ("1 1:2\n-3.5e38 2:1\n", jnp.float32, 2, "-3.5e38"),
+        ("70000 2:1\n", jnp.float16, 1, "70000"),
+        ("1 1:65520\n", jnp.float16, 1, "1:65520"),
+        ("1 3:3.4e38\n", jnp.bfloat16, 1, "3:3.4e38"),
+        # float64 is float32 while 64-bit mode is off
+        ("1 1:1e300\n", jnp.float64, 1, "1:1e300"),
+        # too large for float64 too: numpy parses it as inf
+        ("1 1:2 2:1e309\n", jnp.float32, 1, "2:1e309"),
+    ],
+)
+def test_a_number_too_large_for_the_dtype_is_refused(tmp_path, text, dtype, line, token):
+    """A finite number the dtype cannot hold is an error naming the token, not inf."""
+    path = tmp_path / "big.svm"
+    path.write_text(text)
+    match = rf"big\.svm, line {line}: the (label|value) does not fit the dtype .*it would become "
+    match += rf"inf.*got token '{re.escape(token)}'\. .*(wider `dtype`|correct the number)"
+    with pytest.raises(ValueError, match=match):
+        jsr.io.load_libsvm(path, dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        list(LibSVMIter(path, 2, num_features=3, dtype=dtype, chunk_bytes=4))
+
+
+def test_numbers_that_round_to_the_largest_finite_value_and_written_infinities_load(tmp_path):
+    path = tmp_path / "edge.svm"
+    path.write_text("65519 1:-65519 2:inf\n-inf 1:nan 2:-Infinity 3:INF\n")
+    x, y = jsr.io.load_libsvm(path, dtype=jnp.float16)
+    np.testing.assert_array_equal(np.asarray(y), np.array([65504, -np.inf], np.float16))
+    data = np.asarray(x.data).astype(np.float64)
+    np.testing.assert_array_equal(data, [-65504, np.inf, np.nan, -np.inf, np.inf])
+    (batch,) = list(LibSVMIter(path, 2, num_features=3, dtype=jnp.float16))
+    np.testing.assert_array_equal(np.asarray(batch.y), np.asarray(y))
+
+
+def test_float64_with_64_bit_mode_holds_what_float32_cannot(tmp_path):
+    path = tmp_path / "wide.svm"
+    path.write_text("1e39 1:-1e300\n")
+    with jax.enable_x64(True):
+        x, y = jsr.io.load_libsvm(path, dtype=jnp.float64)
+        assert x.dtype == jnp.float64
+        np.testing.assert_array_equal(np.asarray(x.data), [-1e300])
+        np.testing.assert_array_equal(np.asarray(y), [1e39])
+
+
+def _empty_edge_columns(rng, k=7):
+    dense = random_csr_np(rng, 9, k, 0.5)
+    dense[:, 0] = 0  # an empty first column
+    dense[:, -1] = 0  # an empty last column
+    dense[3] = 0  # an empty row
+    return dense
+
+
+@pytest.mark.parametrize("zero_based", [True, False])
+def test_round_trip_with_empty_first_and_last_columns_by_default(tmp_path, rng, zero_based):
+    """The header keeps a zero-based file with an empty column 0 from being
+    read one column to the left, and keeps the empty last columns."""
+    dense = _empty_edge_columns(rng)
+    labels = np.arange(9.0, dtype=np.float32)
+    path = tmp_path / "rt.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), labels, zero_based=zero_based)
+    first = path.read_text().split("\n", 1)[0]
+    assert first == f"# jaxsparse_rows libsvm zero_based={int(zero_based)} num_features=7"
+    x, y = jsr.io.load_libsvm(path)
+    assert x.shape == (9, 7)
+    np.testing.assert_array_equal(dense_np(x), dense)
+    np.testing.assert_array_equal(np.asarray(y), labels)
+    assert_canonical(x)
+    x, _ = jsr.io.load_libsvm(path, zero_based=zero_based, num_features=10)  # agrees: read
+    assert x.shape == (9, 10)
+    np.testing.assert_array_equal(dense_np(x)[:, :7], dense)
+    for zb in ("auto", zero_based):
+        batches = list(LibSVMIter(path, 4, num_features=7, zero_based=zb, chunk_bytes=16))
+        np.testing.assert_array_equal(batches_to_dense(batches, 7)[0], dense)
+        np.testing.assert_array_equal(batches_to_dense(batches, 7)[1], labels)
+
+
+@pytest.mark.parametrize("zero_based", [True, False])
+def test_a_zero_based_argument_that_contradicts_the_header_is_refused(tmp_path, zero_based):
+    path = tmp_path / "h.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(np.eye(3, dtype=np.float32)), [1, 2, 3], zero_based)
+    match = (
+        rf"`zero_based={not zero_based}` contradicts the header line of .*h\.svm .*records "
+        rf'`zero_based={int(zero_based)}`.*Pass `zero_based="auto"` \(or {zero_based}\)'
+    )
+    with pytest.raises(ValueError, match=match):
+        jsr.io.load_libsvm(path, zero_based=not zero_based)
+    with pytest.raises(ValueError, match=match):
+        list(LibSVMIter(path, 2, num_features=3, zero_based=not zero_based))
+
+
+def test_without_the_header_files_read_as_before(tmp_path):
+    """``header=False`` writes plain LibSVM lines; ``"auto"`` then looks for a
+    0 id and the column count is the largest id + 1."""
+    dense = np.array([[0, 1, 0, 0], [0, 0, 2, 0]], np.float32)
+    path = tmp_path / "plain.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), [1, -1], zero_based=True, header=False)
+    assert path.read_text() == "1 1:1\n-1 2:2\n"
+    x, _ = jsr.io.load_libsvm(path)  # no 0 id: taken as one-based
+    np.testing.assert_array_equal(dense_np(x), [[1, 0], [0, 2]])
+    x, _ = jsr.io.load_libsvm(path, zero_based=True, num_features=4)
+    np.testing.assert_array_equal(dense_np(x), dense)
+
+
+def test_the_header_of_an_empty_matrix_keeps_its_shape(tmp_path):
+    path = tmp_path / "none.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(np.zeros((0, 5), np.float32)), np.zeros(0))
+    x, y = jsr.io.load_libsvm(path)
+    assert x.shape == (0, 5) and y.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "# jaxsparse_rows libsvm zero_based=yes\n1 1:1\n",
+            r"h\.svm, line 1: the `# jaxsparse_rows libsvm` header line must record "
+            r"`zero_based=0` or `zero_based=1`, got 'zero_based=yes'",
+        ),
+        (
+            "# jaxsparse_rows libsvm num_features=-3\n1 1:1\n",
+            r"line 1: .*must record `num_features=K` with an int K >= 0, got 'num_features=-3'",
+        ),
+        (
+            "# jaxsparse_rows libsvm zero_based=0 num_features=2\n1 1:1\n-1 3:1\n",
+            r"line 3: feature id 3 is out of range for `num_features=2` recorded in the header",
+        ),
+        (
+            "# jaxsparse_rows libsvm num_features=3000000000\n1 1:1\n",
+            r"line 1: the header line records `num_features=3000000000`, which does not fit",
+        ),
+    ],
+)
+def test_a_header_line_that_does_not_fit_is_named(tmp_path, text, match):
+    path = tmp_path / "h.svm"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        jsr.io.load_libsvm(path)
+
+
+def test_the_header_is_read_on_the_first_line_only_and_passes_unknown_fields(tmp_path):
+    path = tmp_path / "h.svm"
+    path.write_text("# jaxsparse_rows libsvm zero_based=1 num_features=4 extra=x\r\n1 0:2\r\n")
+    x, _ = jsr.io.load_libsvm(path)
+    assert x.shape == (1, 4)
+    x, _ = jsr.io.load_libsvm(path, num_features=2)  # an explicit count is used
+    assert x.shape == (1, 2)
+    path.write_text("1 1:2\n# jaxsparse_rows libsvm zero_based=1 num_features=4\n")
+    x, _ = jsr.io.load_libsvm(path)  # a comment like any other
+    np.testing.assert_array_equal(dense_np(x), [[2]])
+
+
+def test_the_header_is_a_comment_for_sklearn(tmp_path, rng):
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    dense = _empty_edge_columns(rng)
+    path = tmp_path / "sk.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), np.arange(9), zero_based=True)
+    x, y = sklearn_datasets.load_svmlight_file(
+        str(path), n_features=7, dtype=np.float32, zero_based=True
+    )
+    np.testing.assert_array_equal(x.toarray(), dense)
+    np.testing.assert_array_equal(y, np.arange(9))
+
+
+@pytest.mark.parametrize(
+    "raw, line",
+    [
+        (b"1 1:2\r-1 2:3\r", 1),
+        # a comment would run to the end of the file and hide every line
+        (b"# made on a Mac\r1 1:2\r-1 2:3\r", 1),
+        (b"# jaxsparse_rows libsvm zero_based=0 num_features=3\r1 1:2\r", 1),
+        # CR-only lines after "\n" lines
+        (b"1 1:2\n-1 2:3\r1 3:1\r", 2),
+        (b"1 1:2\n-1 2:3\r1 3:1\n", 2),
+        (b"1 1:2\n\n# note\r-1 2:3\r1 3:1\n", 3),
+        (b"1\r-1\r1\r", 1),
+    ],
+)
+def test_cr_only_line_endings_are_named(tmp_path, raw, line):
+    path = tmp_path / "mac.svm"
+    path.write_bytes(raw)
+    match = rf"mac\.svm, line {line}: .*the file uses CR-only line endings.*Convert the line "
+    match += r"endings to '\\n' first"
+    with pytest.raises(ValueError, match=match):
+        jsr.io.load_libsvm(path)
+    for chunk_bytes in (4, 1 << 20):
+        with pytest.raises(ValueError, match=match):
+            list(LibSVMIter(path, 2, num_features=3, chunk_bytes=chunk_bytes))
+
+
+def test_crlf_line_endings_load_and_stream(tmp_path, rng):
+    dense = _empty_edge_columns(rng)
+    path = tmp_path / "dos.svm"
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), np.arange(9), zero_based=True)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    x, y = jsr.io.load_libsvm(path)  # the header line ends with "\r\n" too
+    np.testing.assert_array_equal(dense_np(x), dense)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(9))
+    for chunk_bytes in (5, 1 << 20):
+        it = LibSVMIter(path, 4, num_features=7, zero_based="auto", chunk_bytes=chunk_bytes)
+        np.testing.assert_array_equal(batches_to_dense(list(it), 7)[0], dense)
+    path.write_bytes(b"1 1:2\r")  # one line ended by "\r" alone
+    x, y = jsr.io.load_libsvm(path)
+    np.testing.assert_array_equal(dense_np(x), [[2]])
+    path.write_bytes(b"1 1:2 # note\r\r\n-1 2:1\r 3:1 \r\n")  # a "\r" within a line: a space
+    x, y = jsr.io.load_libsvm(path)
+    np.testing.assert_array_equal(dense_np(x), [[2, 0, 0], [0, 1, 1]])
 
 
 # -- buckets and batches ---------------------------------------------------------
@@ -564,8 +775,10 @@ def test_libsvmiter_errors_name_the_right_line(tmp_path):
         list(LibSVMIter(path, 4, num_features=60, chunk_bytes=32))
     with pytest.raises(ValueError, match=r"line 7: feature id 7 is out of range"):
         list(LibSVMIter(path, 4, num_features=6, chunk_bytes=32))
-    with pytest.raises(ValueError, match="auto"):
-        LibSVMIter(path, 4, num_features=6, zero_based="auto")
+    with pytest.raises(ValueError, match=r'`zero_based="auto"` takes the base .* records none'):
+        list(LibSVMIter(path, 4, num_features=60, zero_based="auto", chunk_bytes=32))
+    with pytest.raises(ValueError, match=r'`zero_based` must be True, False or "auto"'):
+        LibSVMIter(path, 4, num_features=6, zero_based="yes")
     with pytest.raises(FileNotFoundError):
         LibSVMIter(tmp_path / "missing.svm", 4, num_features=6)
 
@@ -575,7 +788,7 @@ def test_chunked_parse_matches_whole_file(tmp_path, rng):
 
     dense = random_csr_np(rng, 40, 30, 0.2)
     path = tmp_path / "chunks.svm"
-    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), rng.integers(0, 5, 40))
+    jsr.io.save_libsvm(path, jsr.csr_matrix(dense), rng.integers(0, 5, 40), header=False)
     path.write_text("# header\n\n" + path.read_text().replace("\n", "  # c\n", 3))
     whole = parse_libsvm_bytes(path.read_bytes(), path)
     for chunk in (7, 100, 1 << 20):
@@ -638,8 +851,11 @@ def test_save_libsvm_refuses_non_numeric_labels_and_flag(tmp_path):
         jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, None])
     with pytest.raises(TypeError, match=r"`zero_based` must be True or False, got str 'yes'"):
         jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, 0], zero_based="yes")
+    with pytest.raises(TypeError, match=r"`header` must be True or False, got int 1"):
+        jsr.io.save_libsvm(tmp_path / "s.svm", x, [1, 0], header=1)
     jsr.io.save_libsvm(tmp_path / "s.svm", x, np.array([True, False]))
-    assert (tmp_path / "s.svm").read_text() == "1 1:1\n0 2:1\n"
+    header = "# jaxsparse_rows libsvm zero_based=0 num_features=2\n"
+    assert (tmp_path / "s.svm").read_text() == header + "1 1:1\n0 2:1\n"
 
 
 def test_csriter_refuses_labels_that_int32_would_wrap():

@@ -19,6 +19,7 @@ from ._libsvm import (
     check_feature_count,
     check_num_features,
     check_value_dtype,
+    header_zero_based,
     parse_libsvm_bytes,
     read_chunks,
     shift_ids,
@@ -310,8 +311,14 @@ class LibSVMIter(_Batcher):
       num_features: the column count ``K`` (needed up front when streaming);
         an id beyond it raises ``ValueError`` naming the line.
       zero_based: whether ids count from 0 (default ``False``: the LibSVM
-        convention, ids from 1). ``"auto"`` is not available when streaming.
-      dtype: dtype of the data and the labels, a floating dtype.
+        convention, ids from 1). ``"auto"``: the base recorded in the header
+        line that :func:`~jaxsparse_rows.io.save_libsvm` writes; a file
+        without one raises when iterated (streaming cannot scan the file for
+        a 0 id first). ``True`` or ``False`` must agree with the header's
+        base when there is one.
+      dtype: dtype of the data and the labels, a floating dtype. A number
+        written as a finite value that it cannot hold raises when iterated,
+        naming the line and the token, as in :func:`load_libsvm`.
       last_batch: ``"pad"`` (default), ``"discard"`` or ``"roll_over"``.
       nnz_buckets: as in :class:`CSRIter`.
       min_nnz: as in :class:`CSRIter`.
@@ -342,14 +349,12 @@ class LibSVMIter(_Batcher):
     ):
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
-        if zero_based not in (True, False):
-            raise ValueError(
-                f"`zero_based` must be True or False for a streamed file, got {zero_based!r} "
-                '("auto" needs the whole file; use `jsr.io.load_libsvm` + `CSRIter` for it).'
-            )
+        if zero_based not in (True, False, "auto"):
+            raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
         if not os.path.exists(path):
             raise FileNotFoundError(f"`path` {os.fspath(path)!r} does not exist.")
-        self.path, self.zero_based = path, bool(zero_based)
+        self.path = path
+        self.zero_based = "auto" if isinstance(zero_based, str) else bool(zero_based)
         self.num_features = check_feature_count(num_features)
         self.dtype = check_value_dtype(dtype)
         self.chunk_bytes = check_static_int(chunk_bytes, "chunk_bytes", minimum=1)
@@ -358,13 +363,23 @@ class LibSVMIter(_Batcher):
         self._carry = None
 
     def _blocks(self) -> Iterator[_Rows]:
+        zero_based = self.zero_based
         for text, line in read_chunks(self.path, self.chunk_bytes):
-            yield self._parse(text, line)
+            parsed = parse_libsvm_bytes(text, self.path, first_line=line, dtype=self.dtype)
+            if line == 1:
+                zero_based = header_zero_based(self.zero_based, parsed.header, self.path)
+            if isinstance(zero_based, str):
+                raise ValueError(
+                    f'`zero_based="auto"` takes the base of the ids from the header line that '
+                    f"`jsr.io.save_libsvm` writes, and {os.fspath(self.path)} records none. Pass "
+                    "`zero_based=True` or `False`, or read the file with `jsr.io.load_libsvm` "
+                    '(whose "auto" also looks for a 0 id) and batch it with `CSRIter`.'
+                )
+            yield self._rows(parsed, zero_based)
 
-    def _parse(self, text: bytes, line: int) -> _Rows:
-        parsed: Parsed = parse_libsvm_bytes(text, self.path, first_line=line)
-        cols = shift_ids(parsed, self.zero_based, self.path)
-        check_num_features(parsed, cols, self.num_features, self.path, 0 if self.zero_based else 1)
+    def _rows(self, parsed: Parsed, zero_based: bool) -> _Rows:
+        cols = shift_ids(parsed, zero_based, self.path)
+        check_num_features(parsed, cols, self.num_features, self.path, 0 if zero_based else 1)
         return _Rows(
             parsed.values.astype(self.dtype),
             cols.astype(index_dtype()),

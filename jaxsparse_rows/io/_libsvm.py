@@ -2,7 +2,9 @@
 and a writer.
 
 A LibSVM line is ``label id:value id:value ...``; ``#`` starts a comment,
-blank lines are skipped. Parsing never loops over tokens in Python: token
+blank lines are skipped. A first line ``# jaxsparse_rows libsvm key=value ...``
+(written by :func:`save_libsvm`) records the base of the ids and the column
+count. Parsing never loops over tokens in Python: token
 boundaries, line numbers and the ``id:value`` structure come from numpy
 operations on the bytes, and every number is converted by one
 ``numpy.fromstring`` call. Python only looks at single tokens to word an
@@ -12,6 +14,7 @@ error message.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -24,7 +27,7 @@ from .._util import check_flag, check_static_int, index_dtype
 
 PathLike = str | os.PathLike
 
-_NEWLINE, _HASH, _COLON = 10, 35, 58
+_NEWLINE, _CR, _HASH, _COLON, _LOWER_I, _UPPER_I = 10, 13, 35, 58, 105, 73
 # ASCII whitespace (what ``bytes.split()`` splits on) separates tokens; any
 # other control byte (a NUL, say) is part of a token and refused there.
 _WHITESPACE = b" \t\n\r\x0b\x0c"
@@ -38,6 +41,19 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 # bytes.translate table: separators and ':' become ' ', so that every number is
 # a whitespace-separated field for numpy.fromstring.
 _TO_FIELDS = bytes(32 if (b <= 32 or b == _COLON) else b for b in range(256))
+# The header line save_libsvm writes first: its fields are ``key=value``.
+_HEADER_TAG = "# jaxsparse_rows libsvm"
+_HEADER = re.compile(rb"#[ \t]*jaxsparse_rows[ \t]+libsvm(?=[ \t\r\n]|$)([^\r\n]*)")
+# A carriage return with a token after it on the same line: a CR-only line end.
+_CR_THEN_TOKEN = re.compile(rb"\r[ \t\r\x0b\x0c]*[^\s]")
+
+
+class Header(NamedTuple):
+    """What the header line of a file written by :func:`save_libsvm` records
+    (``None``: not recorded)."""
+
+    zero_based: bool | None
+    num_features: int | None
 
 
 class Parsed(NamedTuple):
@@ -48,14 +64,96 @@ class Parsed(NamedTuple):
     ids: np.ndarray  # [nnz] int64, sorted within each row
     values: np.ndarray  # [nnz] float64
     row_lines: np.ndarray  # [R] 1-based line number of each row
+    header: Header | None = None  # the header line, when the block holds line 1
 
 
-def _error(path: Any, line: int, token: bytes, what: str) -> ValueError:
+def _name(path: Any) -> str:
+    return os.fspath(path) if path is not None else "<bytes>"
+
+
+_LINE_HINT = "A LibSVM line is `label id:value id:value ...`."
+
+
+def _error(path: Any, line: int, token: bytes, what: str, hint: str = _LINE_HINT) -> ValueError:
     text = token.decode("utf-8", "replace")
+    return ValueError(f"{_name(path)}, line {line}: {what}, got token {text!r}. {hint}")
+
+
+def _cr_only_error(path: Any, line: int) -> ValueError:
     return ValueError(
-        f"{os.fspath(path) if path is not None else '<bytes>'}, line {line}: {what}, got "
-        f"token {text!r}. A LibSVM line is `label id:value id:value ...`."
+        f"{_name(path)}, line {line}: a carriage return ('\\r') without a '\\n' after it ends "
+        "a line here: the file uses CR-only line endings (classic Mac OS). LibSVM lines end "
+        "with '\\n' (or '\\r\\n'); a lone '\\r' is read as a space, which would join the lines. "
+        "Convert the line endings to '\\n' first, e.g. `tr '\\r' '\\n' < in.svm > out.svm`."
     )
+
+
+def _read_header(raw: bytes, path: Any) -> Header | None:
+    """The header line (``# jaxsparse_rows libsvm key=value ...``) when it is
+    the first line of ``raw``; fields other than ``zero_based`` and
+    ``num_features`` are ignored."""
+    match = _HEADER.match(raw)
+    if match is None:
+        return None
+    zero_based = num_features = None
+    for field in match.group(1).split():
+        key, _, value = field.decode("utf-8", "replace").partition("=")
+        if key == "zero_based":
+            if value not in ("0", "1"):
+                raise ValueError(
+                    f"{_name(path)}, line 1: the `{_HEADER_TAG}` header line must record "
+                    f"`zero_based=0` or `zero_based=1`, got {field.decode('utf-8', 'replace')!r}. "
+                    "Correct the header line or delete it."
+                )
+            zero_based = value == "1"
+        elif key == "num_features":
+            if not (value.isascii() and value.isdigit()):
+                raise ValueError(
+                    f"{_name(path)}, line 1: the `{_HEADER_TAG}` header line must record "
+                    "`num_features=K` with an int K >= 0, got "
+                    f"{field.decode('utf-8', 'replace')!r}. Correct the header line or delete it."
+                )
+            num_features = int(value)
+    return Header(zero_based, num_features)
+
+
+def _too_large(kind: str, value: float, requested: np.dtype, dt: np.dtype) -> tuple[str, str]:
+    """The error text (what, hint) for a finite number that ``dt`` turns into inf."""
+    top = float(jnp.finfo(dt).max)
+    what = (
+        f"the {kind} does not fit the dtype {dt.name} (largest finite value {top:.8g}): "
+        "it would become inf"
+    )
+    if dt != requested:
+        what += f" (`dtype` {requested.name} is {dt.name} while 64-bit mode is off)"
+    with np.errstate(over="ignore"):
+        fits32 = bool(np.isfinite(np.float32(value)))
+    if dt.itemsize < 4 and fits32:
+        return what, "Load the file with a wider `dtype`, e.g. `dtype=jnp.float32`."
+    if np.isfinite(value):
+        return what, (
+            "Load the file with a wider `dtype`: `dtype=jnp.float64`, with 64-bit mode on "
+            "(`jax.config.update('jax_enable_x64', True)`)."
+        )
+    return what, "No floating dtype holds it: correct the number in the file."
+
+
+def _overflowing(
+    buf: np.ndarray, nums: np.ndarray, starts: np.ndarray, ends: np.ndarray, dt: np.dtype
+) -> np.ndarray:
+    """Tokens whose number ``dt`` turns into inf although it is not written
+    as an infinity (``inf``, ``infinity``: the only spellings with an ``i``)."""
+    cand = np.flatnonzero(np.abs(nums) > float(jnp.finfo(dt).max))  # (nan: False)
+    if cand.size == 0:
+        return cand
+    with np.errstate(over="ignore"):
+        cand = cand[np.isinf(nums[cand].astype(dt))]
+    if cand.size == 0:
+        return cand
+    lens = ends[cand] - starts[cand]
+    chars = buf[_id_positions(starts[cand], ends[cand])]
+    spelled = np.add.reduceat((chars == _LOWER_I) | (chars == _UPPER_I), np.cumsum(lens) - lens)
+    return cand[spelled == 0]
 
 
 def _blank_comments(buf: np.ndarray, nl_pos: np.ndarray) -> np.ndarray:
@@ -140,23 +238,37 @@ def _parse_ids(buf: np.ndarray, fstart: np.ndarray, colons: np.ndarray, fail):
     return ids, pos if written is None else written
 
 
-def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Parsed:
+def parse_libsvm_bytes(
+    raw: bytes, path: Any = None, first_line: int = 1, dtype: Any = None
+) -> Parsed:
     """Parses LibSVM text held in memory.
 
     Args:
       raw: the bytes of whole lines.
       path: named in error messages.
-      first_line: line number of the first line of ``raw`` (for streaming).
+      first_line: line number of the first line of ``raw`` (for streaming);
+        when it is 1, the header line written by :func:`save_libsvm` is read.
+      dtype: the floating dtype the labels and values will be cast to (its
+        canonical JAX dtype is checked), or ``None`` for no check. A number
+        written as a finite value that it would turn into ``inf`` raises.
 
     Returns:
       A :class:`Parsed` with file feature ids (not shifted) sorted within rows.
 
     Raises:
-      ValueError: naming the file, the line number and the bad token.
+      ValueError: naming the file, the line number and the bad token; or the
+        line where CR-only line endings join lines (a ``\\r`` followed by more
+        tokens on its line, where those tokens fail to parse or a comment
+        would hide them).
     """
+    header = _read_header(raw, path) if first_line == 1 else None
     orig = np.frombuffer(raw, np.uint8)
     nl_pos = np.flatnonzero(orig == _NEWLINE)
     buf = _blank_comments(orig, nl_pos)
+    if buf is not orig and b"\r" in raw:
+        for match in _CR_THEN_TOKEN.finditer(raw):
+            if buf[match.start()] != _CR:  # inside a comment, which would hide the tokens
+                raise _cr_only_error(path, first_line + int(np.searchsorted(nl_pos, match.start())))
     text = raw if buf is orig else buf.tobytes()
     residue = text.translate(None, _ALLOWED_BYTES)
     # Bytes above ' ' are token bytes. Only text with a byte outside the
@@ -173,8 +285,12 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
     is_label = np.ones(starts.size, bool)
     is_label[1:] = tok_line[1:] != tok_line[:-1]
 
-    def fail(t: int, what: str) -> ValueError:
-        return _error(path, first_line + int(tok_line[t]), raw[starts[t] : ends[t]], what)
+    def fail(t: int, what: str, hint: str = _LINE_HINT) -> ValueError:
+        line = int(tok_line[t])
+        line_start = int(nl_pos[line - 1]) + 1 if line else 0
+        if b"\r" in raw[line_start : starts[t]]:  # a lone CR before the token
+            return _cr_only_error(path, first_line + line)
+        return _error(path, first_line + line, raw[starts[t] : ends[t]], what, hint)
 
     if residue:
         pos = text.find(residue[:1])
@@ -217,6 +333,14 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
         if t is None:  # pragma: no cover - fromstring and float disagree
             raise ValueError(f"{path}: could not parse the LibSVM data.")
         raise fail(t, "not a number")
+    if dtype is not None:
+        requested = np.dtype(dtype)
+        dt = np.dtype(jax.dtypes.canonicalize_dtype(requested))
+        over = _overflowing(buf, nums, starts, ends, dt)
+        if over.size:
+            t = int(over[0])
+            kind = "label" if is_label[t] else "value"
+            raise fail(t, *_too_large(kind, float(nums[t]), requested, dt))
     labels, values = nums[is_label], nums[~is_label]
     rows = np.cumsum(is_label) - 1
     feat_row = rows[~is_label]
@@ -235,7 +359,7 @@ def parse_libsvm_bytes(raw: bytes, path: Any = None, first_line: int = 1) -> Par
                 "duplicates (e.g. sum their values) before loading",
             )
     row_lines = first_line + tok_line[is_label]
-    return Parsed(labels, indptr, ids, values, row_lines)
+    return Parsed(labels, indptr, ids, values, row_lines, header)
 
 
 def _check_not_compressed(head: bytes, path: Any) -> None:
@@ -271,9 +395,12 @@ def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]
             yield text, line
 
 
-def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20) -> Parsed:
-    """Parses a whole file chunk by chunk (bounded temporaries), then joins."""
-    parts = [parse_libsvm_bytes(text, path, line) for text, line in read_chunks(path, chunk_bytes)]
+def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20, dtype: Any = None) -> Parsed:
+    """Parses a whole file chunk by chunk (bounded temporaries), then joins.
+    ``dtype`` is checked as in :func:`parse_libsvm_bytes`."""
+    parts = [
+        parse_libsvm_bytes(text, path, line, dtype) for text, line in read_chunks(path, chunk_bytes)
+    ]
     if not parts:
         return parse_libsvm_bytes(b"", path)
     if len(parts) == 1:
@@ -286,7 +413,27 @@ def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20) -> Parsed:
         np.concatenate([p.ids for p in parts]),
         np.concatenate([p.values for p in parts]),
         np.concatenate([p.row_lines for p in parts]),
+        parts[0].header,
     )
+
+
+def header_zero_based(zero_based: bool | str, header: Header | None, path: Any) -> bool | str:
+    """``zero_based`` after the file's header: ``"auto"`` becomes the recorded
+    base; an explicit base that contradicts it raises (it would shift every
+    column by one). Without a recorded base, ``zero_based`` unchanged."""
+    if header is None or header.zero_based is None:
+        return zero_based
+    if isinstance(zero_based, str):
+        return header.zero_based
+    if bool(zero_based) != header.zero_based:
+        base = 0 if header.zero_based else 1
+        raise ValueError(
+            f"`zero_based={zero_based!r}` contradicts the header line of {_name(path)} (line 1, "
+            f"written by `save_libsvm`), which records `zero_based={1 - base}`: its ids count "
+            f"from {base}, and reading them from {1 - base} would shift every column by one. "
+            f'Pass `zero_based="auto"` (or {header.zero_based}) to read the file as written.'
+        )
+    return bool(zero_based)
 
 
 def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
@@ -305,10 +452,17 @@ def shift_ids(parsed: Parsed, zero_based: bool, path: Any) -> np.ndarray:
 
 
 def check_num_features(
-    parsed: Parsed, cols: np.ndarray, num_features: int, path: Any, base: int, idt: Any = None
+    parsed: Parsed,
+    cols: np.ndarray,
+    num_features: int,
+    path: Any,
+    base: int,
+    idt: Any = None,
+    from_header: bool = False,
 ):
     """Raises if a column id is ``>= num_features`` (naming the line); with
-    ``idt``, ``num_features`` is that index dtype's limit, not the user's."""
+    ``idt``, ``num_features`` is that index dtype's limit, not the user's; with
+    ``from_header``, it is the count the file's header line records."""
     if cols.size and cols.max() >= num_features:
         pos = int(np.argmax(cols >= num_features))
         row = int(np.searchsorted(parsed.indptr, pos, side="right") - 1)
@@ -318,6 +472,12 @@ def check_num_features(
                 f"{where} does not fit the index dtype {idt} (column ids must be below "
                 f"{num_features}); enable 64-bit indices with "
                 "`jax.config.update('jax_enable_x64', True)`."
+            )
+        if from_header:
+            raise ValueError(
+                f"{where} is out of range for `num_features={num_features}` recorded in the "
+                f"header line (line 1; ids counted from {base}): the file does not match its "
+                "header. Pass `num_features` to override it, or correct the header line."
             )
         raise ValueError(
             f"{where} is out of range for `num_features` = {num_features} (ids counted from "
@@ -362,17 +522,30 @@ def load_libsvm(
 ) -> tuple[CSR, jax.Array]:
     """Reads a LibSVM / svmlight text file into a CSR matrix and a label vector.
 
-    Comments (``#`` to end of line), blank lines, any whitespace and unsorted
-    feature ids within a line are accepted; ids are sorted per row. A
-    malformed line raises ``ValueError`` naming the file, the line number and
-    the bad token. Parsing is vectorised (numpy over the whole file).
+    Comments (``#`` to end of line), blank lines, any whitespace, ``\\n`` or
+    ``\\r\\n`` line ends and unsorted feature ids within a line are accepted;
+    ids are sorted per row. A malformed line raises ``ValueError`` naming the
+    file, the line number and the bad token. Parsing is vectorised (numpy over
+    the whole file).
+
+    A first line ``# jaxsparse_rows libsvm zero_based=0 num_features=K`` (the
+    header :func:`save_libsvm` writes) gives the base of the ids and the
+    column count, so a saved matrix reads back with its shape and columns
+    even when its first or last columns are empty.
 
     Args:
       path: the file.
-      num_features: the column count ``K``; default: largest id + 1.
-      zero_based: whether ids count from 0. ``"auto"`` (default): zero-based
-        when some id is 0, else one-based (the LibSVM convention).
-      dtype: dtype of the CSR data and of the labels, a floating dtype.
+      num_features: the column count ``K``; default: the header's, else the
+        largest id + 1. An explicit value is used even when the header
+        records another.
+      zero_based: whether ids count from 0. ``"auto"`` (default): the
+        header's base; without a header, zero-based when some id is 0, else
+        one-based (the LibSVM convention). ``True`` or ``False`` must agree
+        with the header's base when there is one.
+      dtype: dtype of the CSR data and of the labels, a floating dtype. A
+        number written as a finite value that it cannot hold (``1e39`` in
+        float32, ``70000`` in float16) raises; ``inf`` and ``nan`` written as
+        such are read as they are.
 
     Returns:
       ``(x, y)``: a :class:`~jaxsparse_rows.CSR` of shape ``(rows, K)`` with no
@@ -380,7 +553,9 @@ def load_libsvm(
 
     Raises:
       ValueError: a malformed line (naming the file, the line and the token),
-        a compressed file, an id past ``num_features``.
+        a number too large for ``dtype`` (naming the same), a compressed
+        file, CR-only line endings, an id past ``num_features``, a
+        ``zero_based`` that contradicts the header.
       TypeError: ``dtype`` is not floating.
 
     Example:
@@ -397,12 +572,24 @@ def load_libsvm(
     if zero_based not in (True, False, "auto"):
         raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
     dtype = check_value_dtype(dtype)
-    parsed = parse_libsvm_file(path)
+    parsed = parse_libsvm_file(path, dtype=dtype)
+    header = parsed.header
+    zero_based = header_zero_based(zero_based, header, path)
     if zero_based == "auto":
         zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
     cols = shift_ids(parsed, bool(zero_based), path)
     base = 0 if zero_based else 1
-    if num_features is None:
+    if num_features is None and header is not None and header.num_features is not None:
+        num_features = header.num_features
+        limit = np.iinfo(index_dtype()).max
+        if num_features > limit:
+            raise ValueError(
+                f"{_name(path)}, line 1: the header line records `num_features={num_features}`, "
+                f"which does not fit the index dtype {index_dtype()} (at most {limit}); enable "
+                "64-bit indices with `jax.config.update('jax_enable_x64', True)`."
+            )
+        check_num_features(parsed, cols, num_features, path, base, from_header=True)
+    elif num_features is None:
         limit = np.iinfo(index_dtype()).max
         if cols.size and cols.max() >= limit:  # the inferred K = max id + 1 would not fit
             check_num_features(parsed, cols, limit, path, base, index_dtype())
@@ -432,24 +619,36 @@ def _is_real(dtype: np.dtype) -> bool:
     )
 
 
-def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False) -> None:
+def save_libsvm(
+    path: PathLike, csr: CSR, labels: Any, zero_based: bool = False, header: bool = True
+) -> None:
     """Writes a CSR matrix and labels as a LibSVM text file.
 
     Every stored entry is written (explicit zeros too), with enough digits to
-    read back the same float32 / float64 values.
+    read back the same float32 / float64 values. The first line is a comment,
+    ``# jaxsparse_rows libsvm zero_based=0 num_features=K``, from which
+    :func:`load_libsvm` and :class:`~jaxsparse_rows.io.LibSVMIter` take the
+    base of the ids and the column count: the file reads back with the same
+    shape and columns, also when the first or last columns are empty.
 
     Args:
       path: the file to write.
       csr: a :class:`~jaxsparse_rows.CSR` ``[rows, K]``.
       labels: ``[rows]`` real numbers (bool, int or float).
-      zero_based: ``True`` to write ids counting from 0; default ``False`` (the LibSVM
-        convention, ids from 1), which :func:`load_libsvm`'s ``"auto"`` reads
-        back correctly. Pass ``num_features`` when loading if the last columns
-        are empty.
+      zero_based: ``True`` to write ids counting from 0; default ``False`` (the
+        LibSVM convention, ids from 1).
+      header: ``False`` to leave out the header line, for programs that refuse
+        comment lines (LIBSVM's and LIBLINEAR's ``svm-train`` / ``train``);
+        readers that skip ``#`` comments (scikit-learn's
+        ``load_svmlight_file``, for one) ignore it. Without it
+        :func:`load_libsvm` reads a one-based file back correctly, but
+        ``"auto"`` takes a zero-based file whose column 0 is empty as
+        one-based, and the column count is the largest id + 1 unless
+        ``num_features`` is passed.
 
     Raises:
       TypeError: if ``csr`` is not a CSR, the data or labels are not real
-        numbers, or ``zero_based`` is not a bool.
+        numbers, or ``zero_based`` or ``header`` is not a bool.
       ValueError: if ``labels`` does not have shape ``[rows]``.
 
     Example:
@@ -458,8 +657,13 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
       >>> x = jsr.csr_matrix(([2., 0.5, 1.5], [0, 2, 1], [0, 2, 3]), shape=(2, 3))
       >>> jsr.io.save_libsvm(path, x, [1, -1])
       >>> print(path.read_text(), end="")
+      # jaxsparse_rows libsvm zero_based=0 num_features=3
       1 1:2 3:0.5
       -1 2:1.5
+      >>> jsr.io.save_libsvm(path, x, [1, -1], zero_based=True, header=False)
+      >>> print(path.read_text(), end="")
+      1 0:2 2:0.5
+      -1 1:1.5
     """
     if not isinstance(csr, CSR):
         raise TypeError(f"`csr` must be a jsr.CSR, got {type(csr).__name__}.")
@@ -477,6 +681,7 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
             f"{f' ({what})' if what else ''}. Map class names to numbers before saving."
         )
     zero_based = check_flag(zero_based, "zero_based")
+    header = check_flag(header, "header")
     m = csr.shape[0]
     if labels.shape != (m,):
         raise ValueError(f"`labels` must have shape ({m},) to match `csr`, got {labels.shape}.")
@@ -491,6 +696,8 @@ def save_libsvm(path: PathLike, csr: CSR, labels: Any, zero_based: bool = False)
     vals = data.tolist() if exact else data.astype(np.float64).tolist()
     feats = [f"{c}:{vfmt % v}" for c, v in zip(cols.tolist(), vals, strict=True)]
     lines = []
+    if header:
+        lines.append(f"{_HEADER_TAG} zero_based={int(zero_based)} num_features={csr.shape[1]}")
     ptr = indptr.tolist()
     for r, lab in enumerate(labels.tolist()):
         lines.append(" ".join([lfmt % lab, *feats[ptr[r] : ptr[r + 1]]]))
