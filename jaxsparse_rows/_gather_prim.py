@@ -37,6 +37,7 @@ from ._util import (
     zeros_rows,
 )
 from ._util import gather_rows as _gather_rows_xla
+from ._vma import match_varying, result_aval
 
 gather_rows_p = Primitive("jsr_gather_rows")
 sum_rows_p = Primitive("jsr_sum_rows")
@@ -70,6 +71,7 @@ def gather(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax
         # whose sharding and transpose rules JAX knows.
         return _gather_ref(table, ids, ids_sorted=ids_sorted)
     native = _use_native(table.dtype, table.shape[1:], table.shape[0], ids, add=False)
+    table, ids = match_varying(table, ids)
     return gather_rows_p.bind(table, ids, ids_sorted=bool(ids_sorted), native=native)
 
 
@@ -106,6 +108,7 @@ def _sum_rows(rows: jax.Array, ids: jax.Array, n: int, ids_sorted: bool) -> jax.
     if explicit_spec(rows) is not None or explicit_spec(ids) is not None:
         return _sum_ref(rows, ids, n=n, ids_sorted=ids_sorted)
     native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
+    rows, ids = match_varying(rows, ids)
     return sum_rows_p.bind(rows, ids, n=n, ids_sorted=ids_sorted, native=native)
 
 
@@ -120,14 +123,14 @@ sum_rows_p.def_impl(jitted_impl(sum_rows_p))
 def _gather_abstract(table, ids, *, ids_sorted, native):
     del ids_sorted, native
     shape = tuple(ids.shape) + tuple(table.shape[1:])
-    return jax.core.ShapedArray(shape, table.dtype, weak_type=table.weak_type)
+    return result_aval(table, shape, table.dtype, table.weak_type)
 
 
 @sum_rows_p.def_abstract_eval
 def _sum_abstract(rows, ids, *, n, ids_sorted, native):
     del ids, ids_sorted, native
     shape = (n,) + tuple(rows.shape[1:])
-    return jax.core.ShapedArray(shape, rows.dtype, weak_type=rows.weak_type)
+    return result_aval(rows, shape, rows.dtype, rows.weak_type)
 
 
 # ------------------------------------------------------------------ lowerings

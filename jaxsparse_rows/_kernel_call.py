@@ -38,6 +38,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from ._util import explicit_spec, jitted_impl
+from ._vma import match_varying, result_aval
 
 kernel_call_p = Primitive("jsr_kernel_call")
 kernel_call_p.multiple_results = True
@@ -74,6 +75,7 @@ def on_cpu(
         # Sharded over explicit mesh axes (sharding in types): XLA's ops, whose
         # sharding rules JAX knows, keep the result's sharding in its type.
         return xla(*args, **static)
+    args = match_varying(*args)
     shapes = jax.eval_shape(functools.partial(xla, **static), *args)
     leaves, tree = jax.tree.flatten(shapes)
     out = kernel_call_p.bind(
@@ -95,8 +97,9 @@ def _flat(fn: Callable, static: tuple) -> Callable:
 
 
 def _abstract(*avals, native, xla, static, out_types, known_outputs):
-    del avals, native, xla, static, known_outputs
-    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_types]
+    del native, xla, static, known_outputs
+    like = avals[0] if avals else None  # (operands vary over equal axes: on_cpu)
+    return [result_aval(like, shape, dtype) for shape, dtype in out_types]
 
 
 def _xla_lowering(ctx, *args, native, xla, static, out_types, known_outputs):
