@@ -12,6 +12,7 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
+from ._limits import check_table_rows
 from ._operators import SparseOperators
 from ._rowsparse import _as_index_array, _as_shape, dense_numpy, host_dense
 from ._util import (
@@ -373,6 +374,7 @@ class CSR(SparseOperators):
             x = jnp.asarray(x)
         if x.ndim != 2:
             raise ValueError(f"CSR.fromdense needs a 2-D `x`, got shape {tuple(x.shape)}.")
+        check_table_rows(x, "x", axes=2)
         m, n = x.shape
         idt = index_dtype()
         if nse is not None:

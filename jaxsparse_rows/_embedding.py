@@ -13,6 +13,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ._csr import CSR
+from ._limits import check_table_rows
 from ._rows import _as_ids, _check_id_range, take
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
@@ -93,6 +94,7 @@ def embedding_bag(
         table = jnp.asarray(table)
         if table.ndim == 0:
             raise ValueError("`table` must be at least 1-D (rows first), got a scalar.")
+        check_table_rows(table, "table")
     if not jnp.issubdtype(table.dtype, jnp.inexact):
         raise TypeError(
             f"`table` must have a floating dtype (as PyTorch's embedding_bag), got "

@@ -12,6 +12,7 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
+from ._limits import check_table_rows
 from ._operators import SparseOperators
 from ._util import (
     as_data,
@@ -385,6 +386,7 @@ class RowSparse(SparseOperators):
             x = jnp.asarray(x)
         if x.ndim < 1:
             raise ValueError(f"`x` must have at least one dimension, got a scalar {x!r}.")
+        check_table_rows(x, "x")
         n = x.shape[0]
         axes = tuple(range(1, x.ndim))
         if max_rows is not None:

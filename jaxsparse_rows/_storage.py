@@ -11,6 +11,7 @@ import numpy as np
 
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, whole_csr
+from ._limits import check_table_rows
 from ._rowsparse import RowSparse, _as_shape
 from ._util import check_unbatched_args, index_dtype, is_concrete
 
@@ -190,6 +191,7 @@ def cast_storage(x: Any, stype: str) -> Any:
         return bool_via_int(lambda y: cast_storage(y, stype), x)
     if src == "default":
         x = jnp.asarray(x)
+        check_table_rows(x, "x", axes=1 if stype == "row_sparse" else 2)
         if not is_concrete(x):
             target = (
                 "RowSparse.fromdense(x, max_rows=...)"

@@ -9,7 +9,10 @@ import numpy as np
 import optax
 import pytest
 from test_optim_common import (
+    INT32_MAX,
+    counts_of,
     grad_sequence,
+    limit_schedule,
     listed,
     numpy_adagrad,
     numpy_ftrl,
@@ -163,3 +166,40 @@ def test_rowwise_adagrad_squares_float16_gradients_in_its_float32_accumulator(ji
     np.testing.assert_allclose(
         np.asarray(u.data, np.float64), -g / np.sqrt(acc)[:, None], rtol=2e-3
     )
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_adagrad_schedule_count_saturates_at_the_int32_limit(jit):
+    """The schedule's count set to 2**31 - 3 and five steps: it stops at
+    2**31 - 1, as in optax.adagrad started from the same count."""
+    grads = grad_sequence(31, 5, 6, (2,), capacity=3, empty_steps=(3,))
+    w0 = jnp.asarray(np.random.default_rng(32).normal(size=(6, 2)), jnp.float32)
+    ours, ref = jsr.optim.lazy_adagrad(limit_schedule), optax.adagrad(limit_schedule)
+    start = INT32_MAX - 2
+    w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit, count=start)
+    w2, s2 = run_optax_on_dense(ref, w0, grads, jit, count=start)
+    assert counts_of(s1) == [INT32_MAX] == counts_of(s2)
+    assert np.all(np.isfinite(np.asarray(w1)))
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("name", ["rowwise", "ftrl"])
+def test_schedule_count_saturates_at_the_int32_limit(name, jit):
+    """Row-wise AdaGrad (its learning rate folded into the row pass) and FTRL
+    (the learning rate inside the rule) with their counts set to 2**31 - 3
+    and five steps: the count stops at 2**31 - 1 and the schedule sees the
+    saturated count (numpy oracles with the same counts)."""
+    grads = grad_sequence(33, 5, 6, (2,), capacity=3, empty_steps=(3,))
+    w0 = np.random.default_rng(34).normal(size=(6, 2)).astype(np.float32)
+    start = INT32_MAX - 2
+    if name == "rowwise":
+        opt = jsr.optim.lazy_rowwise_adagrad(limit_schedule, eps=1e-8)
+        want = numpy_rowwise_adagrad(w0, grads, limit_schedule, 1e-8, 0.0, start_count=start)[0]
+    else:
+        opt = jsr.optim.lazy_ftrl(limit_schedule, lamda1=0.01)
+        want = numpy_ftrl(w0, grads, limit_schedule, 0.01, 1.0, 0.0, start_count=start)[0]
+    w, state = run_steps(opt, jnp.asarray(w0), [g for g, _, _ in grads], jit, count=start)
+    assert counts_of(state) == [INT32_MAX]
+    assert np.all(np.isfinite(np.asarray(w)))
+    np.testing.assert_allclose(np.asarray(w), want, rtol=1e-5, atol=1e-6)

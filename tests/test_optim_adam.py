@@ -7,7 +7,10 @@ import numpy as np
 import optax
 import pytest
 from test_optim_common import (
+    INT32_MAX,
+    counts_of,
     grad_sequence,
+    limit_schedule,
     numpy_adam,
     random_rows,
     run_optax_on_dense,
@@ -152,3 +155,27 @@ def test_equals_sparse_adam_with_eps_moved_before_the_bias_correction(eps):
     if eps:  # with the same eps the two differ
         plain = _numpy_torch_sparse_adam(w0, grads, lr, b1, b2, lambda t: eps)
         assert np.max(np.abs(np.asarray(w) - plain)) > 1e-3
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_count_saturates_at_the_int32_limit_as_optax_adam(wd, jit):
+    """Counts set to 2**31 - 3 and five steps: the count stops at 2**31 - 1,
+    the bias corrections stay finite (1 - b**count is 1 there) and the
+    schedule sees the saturated count, as in optax.adam(w) started from the
+    same count."""
+    rng = np.random.default_rng(19)
+    grads = [random_rows(rng, 5, (2,), capacity=5, k=5) for _ in range(5)]
+    w0 = jnp.asarray(rng.normal(size=(5, 2)), jnp.float32)
+    if wd:
+        ours = jsr.optim.lazy_adamw(limit_schedule, weight_decay=wd)
+        ref = optax.adamw(limit_schedule, weight_decay=wd)
+    else:
+        ours, ref = jsr.optim.lazy_adam(limit_schedule), optax.adam(limit_schedule)
+    start = INT32_MAX - 2
+    w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit, count=start)
+    w2, s2 = run_optax_on_dense(ref, w0, grads, jit, count=start)
+    assert counts_of(s1) == [INT32_MAX, INT32_MAX] == counts_of(s2)
+    assert np.all(np.isfinite(np.asarray(w1)))
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s1[0].nu), np.asarray(s2[0].nu), rtol=1e-6)

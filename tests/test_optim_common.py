@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import optax.tree_utils as otu
 import pytest
 
 import jaxsparse_rows as jsr
@@ -55,8 +56,9 @@ def dense_step(dense):
     return jnp.asarray(dense, jnp.float32), dense, np.arange(dense.shape[0])
 
 
-def run_steps(opt, params, grads, jit, *, apply=jsr.optim.apply_updates):
-    """Runs ``opt`` over the list ``grads`` (each a pytree like params)."""
+def run_steps(opt, params, grads, jit, *, apply=jsr.optim.apply_updates, count=None):
+    """Runs ``opt`` over the list ``grads`` (each a pytree like params); with
+    ``count``, every ``count`` field of the initial state is set to it."""
 
     def step(p, s, g):
         u, s = opt.update(g, s, p)
@@ -65,16 +67,45 @@ def run_steps(opt, params, grads, jit, *, apply=jsr.optim.apply_updates):
     if jit:
         step = jax.jit(step)
     state = opt.init(params)
+    if count is not None:
+        state = otu.tree_set(state, count=jnp.asarray(count, jnp.int32))
     for g in grads:
         params, state = step(params, state, g)
     return params, state
 
 
-def run_optax_on_dense(ref, params, grads, jit):
+def run_optax_on_dense(ref, params, grads, jit, count=None):
     """The reference: an optax optimizer fed the densified gradients of
     ``grad_sequence`` (float32), applied with ``optax.apply_updates``."""
     dense = [jnp.asarray(d, jnp.float32) for _, d, _ in grads]
-    return run_steps(ref, params, dense, jit=jit, apply=optax.apply_updates)
+    return run_steps(ref, params, dense, jit=jit, apply=optax.apply_updates, count=count)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def step_count(start_count, t):
+    """The count step ``t`` (from 0) sees in a run whose count starts at
+    ``start_count``: it stays at int32's maximum once it gets there."""
+    return min(start_count + t, INT32_MAX)
+
+
+def limit_schedule(count):
+    """A learning rate that changes at the last two counts below the int32
+    limit (integer comparisons: float32 cannot tell counts near 2**31 apart)."""
+    count = jnp.asarray(count)
+    return jnp.where(count == INT32_MAX, 0.05, jnp.where(count == INT32_MAX - 1, 0.2, 0.1))
+
+
+def step_lr(lr, start_count, t):
+    """The learning rate of step ``t``: ``lr`` itself, or the schedule ``lr``
+    at that step's count."""
+    return float(lr(step_count(start_count, t))) if callable(lr) else lr
+
+
+def counts_of(state):
+    """Every ``count`` field of an optimizer state, as Python ints."""
+    return [int(c) for _, c in otu.tree_get_all_with_path(state, "count")]
 
 
 # Numpy oracles of the rules in docs/optimizers.md, in float64. ``grads`` is a
@@ -126,31 +157,35 @@ def numpy_adagrad(w, grads, lr, init, eps):
     return w, acc
 
 
-def numpy_rowwise_adagrad(w, grads, lr, eps, wd):
+def numpy_rowwise_adagrad(w, grads, lr, eps, wd, start_count=0):
     """One accumulator per row; a row whose denominator is 0 (eps = 0, zero
-    gradients so far) gets a zero step; an empty row (D = 0) adds 0."""
+    gradients so far) gets a zero step; an empty row (D = 0) adds 0. ``lr``
+    may be a schedule of the count, which starts at ``start_count``."""
     w = np.array(w, np.float64)
     acc = np.zeros(w.shape[0])
     row_size = max(1, int(np.prod(w.shape[1:])))
-    for _, dense, rows in grads:
+    for t, (_, dense, rows) in enumerate(grads):
+        lr_t = step_lr(lr, start_count, t)
         g = dense[rows] + wd * w[rows]
         acc[rows] += np.sum(g**2, axis=tuple(range(1, g.ndim))) / row_size
         denom = (np.sqrt(acc[rows]) + eps).reshape((-1,) + (1,) * (w.ndim - 1))
         zero = np.broadcast_to(denom == 0, g.shape)
-        w[rows] -= lr * np.divide(g, denom, out=np.zeros_like(g), where=~zero)
+        w[rows] -= lr_t * np.divide(g, denom, out=np.zeros_like(g), where=~zero)
     return w, acc
 
 
-def numpy_ftrl(w, grads, lr, lamda1, beta, wd, lazy=True):
+def numpy_ftrl(w, grads, lr, lamda1, beta, wd, lazy=True, start_count=0):
+    """``lr`` may be a schedule of the count, which starts at ``start_count``."""
     w = np.array(w, np.float64)
     z = np.zeros_like(w)
     n = np.zeros_like(w)
-    for _, dense, rows in grads:
+    for t, (_, dense, rows) in enumerate(grads):
+        lr_t = step_lr(lr, start_count, t)
         rr = rows if lazy else np.arange(w.shape[0])
         g = dense[rr]
-        z[rr] += g - (np.sqrt(n[rr] + g**2) - np.sqrt(n[rr])) * w[rr] / lr
+        z[rr] += g - (np.sqrt(n[rr] + g**2) - np.sqrt(n[rr])) * w[rr] / lr_t
         n[rr] += g**2
-        new = (np.sign(z[rr]) * lamda1 - z[rr]) / ((beta + np.sqrt(n[rr])) / lr + wd)
+        new = (np.sign(z[rr]) * lamda1 - z[rr]) / ((beta + np.sqrt(n[rr])) / lr_t + wd)
         w[rr] = new * (np.abs(z[rr]) > lamda1)
     return w, z, n
 

@@ -377,3 +377,139 @@ def test_state_repr_labels_the_hyperparameters():
         text == "StaticHparams(learning_rate=0.1, momentum=0.5, nesterov=False, weight_decay=0.0)"
     )
     assert text in repr(state)
+
+
+# -- the int32 step count at its limit -----------------------------------------
+
+INT32_MAX = 2**31 - 1
+
+LIMIT_CONFIGS = [
+    dict(momentum=0.9, weight_decay=0.1),
+    dict(momentum=0.7, nesterov=True, weight_decay=0.05),
+    dict(weight_decay=0.2),
+]
+
+
+def _dense_sgd_at_limit(cfg, w0, m0, grads, start):
+    """The oracle: optax's dense SGD (coupled weight decay added to the
+    gradient first, as lazy_sgd adds it) started from weights ``w0`` and
+    momentum ``m0``, fed the densified gradients. A step taken while the
+    count is below int32's maximum moves every row, as in dense SGD; a step
+    taken once the count stays at the maximum is owed only by the rows its
+    gradient lists, so the others keep their weights and momentum."""
+    ref = optax.chain(
+        optax.add_decayed_weights(cfg["weight_decay"]),
+        optax.sgd(0.1, momentum=cfg.get("momentum"), nesterov=cfg.get("nesterov", False)),
+    )
+    w, s = jnp.asarray(w0), ref.init(jnp.asarray(w0))
+    if cfg.get("momentum"):
+        s = optax.tree_utils.tree_set(s, trace=jnp.asarray(m0))
+    for t, g in enumerate(grads):
+        dense = jsr.todense(g)
+        u, s_new = ref.update(dense, s, w)
+        w_new = optax.apply_updates(w, u)
+        if start + t >= INT32_MAX:
+            listed = np.zeros((w.shape[0], 1), bool)
+            listed[[i for i in np.asarray(g.indices) if i < w.shape[0]]] = True
+            w_new = jnp.where(listed, w_new, w)
+            s_new = jax.tree.map(lambda new, old, ok=listed: jnp.where(ok, new, old), s_new, s)
+        w, s = w_new, s_new
+    m = optax.tree_utils.tree_get(s, "trace") if cfg.get("momentum") else None
+    return np.asarray(w), None if m is None else np.asarray(m)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("cfg", LIMIT_CONFIGS)
+def test_exact_count_saturates_at_the_int32_limit(cfg, jit):
+    """Counts set to 2**31 - 4 and five steps: the count stops at 2**31 - 1
+    (optax.safe_increment) and no row's `last_step` passes it or wraps (a
+    counter wrapped to -2**31 would make `flush` replay about 2**31 steps)."""
+    v, start = 4, INT32_MAX - 3
+    rng = np.random.default_rng(7)
+    w0 = jnp.asarray(rng.normal(size=(v, 2)), jnp.float32)
+    m0 = jnp.asarray(rng.normal(size=(v, 2)), jnp.float32)
+
+    def rows(ids):
+        data = rng.normal(size=(len(ids), 2)) * (np.asarray(ids) < v)[:, None]  # padding: 0
+        return jsr.RowSparse(jnp.asarray(data, jnp.float32), jnp.asarray(ids), shape=(v, 2))
+
+    # Three counted steps, then two at the limit: rows 1 and 3 owe counted
+    # steps when first listed at the limit, row 2 is never listed there.
+    grads = [rows([0, 1]), rows([2]), rows([0]), rows([1, 3]), rows([0, v])]
+    opt = jsr.optim.lazy_sgd(0.1, lazy="exact", **cfg)
+
+    def state_at_start():
+        s = opt.init(w0)
+        return s._replace(
+            count=jnp.asarray(start, jnp.int32),
+            trace=m0 if cfg.get("momentum") else s.trace,
+            last_step=jnp.full((v,), start, jnp.int32),
+        )
+
+    def step(w, s, g):
+        u, s = opt.update(g, s, w)
+        return jsr.optim.apply_updates(w, u), s
+
+    step = jax.jit(step) if jit else step
+    w, s = w0, state_at_start()
+    for t, g in enumerate(grads):
+        w, s = step(w, s, g)
+        assert int(s.count) == min(start + t + 1, INT32_MAX)
+        last = np.asarray(s.last_step)
+        assert np.all((last >= start) & (last <= int(s.count))), last
+    flush = jax.jit(jsr.optim.flush) if jit else jsr.optim.flush
+    w, s = flush(w, s)
+    want_w, want_m = _dense_sgd_at_limit(cfg, w0, m0, grads, start)
+    assert np.all(np.isfinite(np.asarray(w)))
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=2e-5, atol=2e-6)
+    if want_m is not None:
+        np.testing.assert_allclose(np.asarray(s.trace), want_m, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(np.asarray(s.last_step), INT32_MAX)
+    # Every row listed at every step: no step is skipped by any row, and the
+    # result is dense SGD's over all five steps, the limit included.
+    full = [rows(list(range(v))) for _ in range(5)]
+    w, s = w0, state_at_start()
+    for g in full:
+        w, s = step(w, s, g)
+    want_w, _ = _dense_sgd_at_limit(cfg, w0, m0, full, start)
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_exact_none_gradient_and_catch_up_at_the_int32_limit(jit):
+    """A parameter with a None gradient keeps the steps it owed from before
+    the limit and owes none of the later ones: its counter moves with the
+    count and stops with it, never past 2**31 - 1. `catch_up` at the limit
+    brings rows up to the saturated count."""
+    v, start = 3, INT32_MAX - 2
+    opt = jsr.optim.lazy_sgd(0.1, momentum=0.5, weight_decay=0.1, lazy="exact")
+    rng = np.random.default_rng(8)
+    params = {k: jnp.asarray(rng.normal(size=(v, 1)), jnp.float32) for k in ("a", "b")}
+    s = opt.init(params)
+    # "b"'s rows owe 2 steps (and "a"'s none) when the run starts.
+    s = s._replace(
+        count=jnp.asarray(start, jnp.int32),
+        last_step={
+            "a": jnp.full((v,), start, jnp.int32),
+            "b": jnp.full((v,), start - 2, jnp.int32),
+        },
+    )
+    want_b, _ = jsr.optim.flush(params, s)
+    g = {"a": jsr.RowSparse([[1.0]], [0], shape=(v, 1)), "b": None}
+    update = jax.jit(opt.update) if jit else opt.update
+    p = params
+    for _ in range(4):  # two counted steps, two at the limit
+        u, s = update(g, s, p)
+        p = jsr.optim.apply_updates(p, u)
+    assert int(s.count) == INT32_MAX
+    np.testing.assert_array_equal(np.asarray(s.last_step["b"]), INT32_MAX - 2)
+    np.testing.assert_array_equal(np.asarray(p["b"]), np.asarray(params["b"]))
+    flushed, _ = jsr.optim.flush(p, s)
+    np.testing.assert_allclose(np.asarray(flushed["b"]), np.asarray(want_b["b"]), rtol=1e-6)
+    # Rows 1 and 2 of "a" owe the two counted steps; catch_up at the limit
+    # brings them to what flush gives.
+    catch = jax.jit(jsr.optim.catch_up) if jit else jsr.optim.catch_up
+    caught, s2 = catch(p, s, {"a": jnp.array([1, 2]), "b": None})
+    np.testing.assert_allclose(np.asarray(caught["a"]), np.asarray(flushed["a"]), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(s2.last_step["a"]), INT32_MAX)
+    assert np.all(np.isfinite(np.asarray(caught["a"])))

@@ -6,7 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_optim_common import grad_sequence, listed, numpy_sgd, run_optax_on_dense, run_steps
+from test_optim_common import (
+    INT32_MAX,
+    counts_of,
+    grad_sequence,
+    limit_schedule,
+    listed,
+    numpy_sgd,
+    run_optax_on_dense,
+    run_steps,
+)
 
 import jaxsparse_rows as jsr
 
@@ -157,3 +166,22 @@ def test_momentum_and_weight_decay_none_mean_off_as_in_optax_sgd(lazy):
     u, _ = opt.update(g, opt.init(w), w)
     want, _ = plain.update(g, plain.init(w), w)
     np.testing.assert_array_equal(np.asarray(jsr.todense(u)), np.asarray(jsr.todense(want)))
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("jit", [False, True])
+def test_schedule_count_saturates_at_the_int32_limit_as_optax_sgd(lazy, jit):
+    """The schedule's count set to 2**31 - 3 and five steps: it stops at
+    2**31 - 1 and the schedule sees the saturated count, as in optax.sgd
+    started from the same count (every row listed, so lazy equals dense)."""
+    grads = grad_sequence(6, 5, 6, (2,), capacity=6, empty_steps=())
+    grads = [listed(d, range(6), (6, 2)) for _, d, _ in grads]
+    w0 = jnp.asarray(np.random.default_rng(7).normal(size=(6, 2)), jnp.float32)
+    ours = jsr.optim.lazy_sgd(limit_schedule, momentum=0.9, lazy=lazy)
+    ref = optax.sgd(limit_schedule, momentum=0.9)
+    start = INT32_MAX - 2
+    w1, s1 = run_steps(ours, w0, [g for g, _, _ in grads], jit, count=start)
+    w2, s2 = run_optax_on_dense(ref, w0, grads, jit, count=start)
+    assert counts_of(s1) == [INT32_MAX] == counts_of(s2)
+    assert np.all(np.isfinite(np.asarray(w1)))
+    np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)

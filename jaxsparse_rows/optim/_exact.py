@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from .._ids import unique_rows
+from .._limits import check_table_rows
 from .._rows import _as_ids, _check_id_range
 from .._rowsparse import RowSparse
 from ._sgd import check_sgd_hparams
@@ -79,11 +80,14 @@ class ExactLazySgdState(NamedTuple):
     finds its fields by name.
 
     Attributes:
-      count: the global step count (``int32``).
+      count: the global step count (``int32``). It stops at ``2**31 - 1``
+        (``optax.safe_increment``); a later step is owed only by the rows it
+        lists, so :func:`flush` and :func:`catch_up` replay the steps counted
+        before the limit and none after it.
       trace: momentum buffers shaped like the parameters (``None`` leaves when
         ``momentum == 0``).
       last_step: per-row step number up to which each row is current (``[V]``
-        ``int32`` per parameter).
+        ``int32`` per parameter, never above ``count``).
       hparams: static ``(learning_rate, momentum, nesterov, weight_decay)``
         (a tuple that is not a pytree leaf), used by :func:`flush`.
     """
@@ -213,6 +217,10 @@ def exact_lazy_sgd(
         if params is None:
             raise ValueError(PARAMS_REQUIRED.format(name="lazy_sgd(lazy='exact')"))
         t = state.count
+        # The count saturates at int32's maximum (optax.safe_increment); a row
+        # brought up to date by this step is current up to the new count, so
+        # no counter passes the count and none wraps.
+        count = optax.safe_increment(t)
 
         def leaf(path, g, m, last, p):
             check_inexact(path, g)
@@ -229,11 +237,11 @@ def exact_lazy_sgd(
                 u = mask_rows(u, idx, g.shape[0])
                 if m is not None:
                     m = scatter_rows(m, idx, mr)
-                last = scatter_rows(last, idx, jnp.broadcast_to(t + 1, idx.shape))
+                last = scatter_rows(last, idx, jnp.broadcast_to(count, idx.shape))
                 return RowSparse._make(u, idx, g.shape), m, last
             u, m_new = step_rows(jnp.asarray(g), p, m, t - last)
             m = None if m is None else m_new.astype(m.dtype)
-            return u, m, jnp.full_like(last, t + 1)
+            return u, m, jnp.full_like(last, count)
 
         names = ("updates", "state.trace", "state.last_step", "params")
         new_updates, trace, last = map_updates(
@@ -241,15 +249,15 @@ def exact_lazy_sgd(
         )
         # A None gradient leaves its parameter and momentum as they are (as with
         # lazy=False): this step is not one its rows owe, so their counters move
-        # past it and no later replay applies it.
+        # with the count (past the step; not at all once the count saturates)
+        # and no later replay applies it.
         last = jax.tree.map(
-            lambda g, n: n + 1 if g is None else n,
+            lambda g, n: n + (count - t) if g is None else n,
             updates,
             last,
             is_leaf=lambda x: x is None or is_rowsparse(x),
         )
         updates = new_updates
-        count = optax.safe_increment(state.count)
         return updates, ExactLazySgdState(count, trace, last, hparams)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -460,6 +468,7 @@ def catch_up(params: Any, state: Any, ids: Any) -> tuple[Any, Any]:
                     f"position {j} it stands for {jax.tree.structure(flat_p[j])}."
                 )
             _check_node_leaf(paths[j], flat_p[j], flat_m[j], last)
+            check_table_rows(flat_p[j], f"params{paths[j]}")
             flat_p[j], flat_m[j], flat_last[j] = _catch_up_leaf(
                 flat_p[j], flat_m[j], last, i, node.count, node.hparams, f"ids{paths[j]}"
             )

@@ -339,7 +339,8 @@ class SkipNonfiniteState(NamedTuple):
 
     Attributes:
       inner_state: the wrapped transformation's state.
-      skipped: how many updates were skipped so far (``int32``).
+      skipped: how many updates were skipped so far (``int32``; it stays at
+        ``2**31 - 1`` once it gets there, as ``optax.safe_increment`` counts).
     """
 
     inner_state: Any
@@ -409,7 +410,7 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
             return zeros, inner_state
 
         new_updates, inner_state = jax.lax.cond(finite, run, skip, state.inner_state)
-        skipped = state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32)
+        skipped = jnp.where(finite, state.skipped, optax.safe_increment(state.skipped))
         return new_updates, SkipNonfiniteState(inner_state, skipped)
 
     return optax.GradientTransformation(init_fn, update_fn)

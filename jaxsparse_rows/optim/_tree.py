@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._config import log_inference
+from .._limits import check_table_rows
 from .._operators import SparseOperators
 from .._row_moves import gather_sorted_rows, scatter_sorted_rows
 from .._rowsparse import RowSparse, mask_padding
@@ -158,6 +159,7 @@ def _check_update_leaf(path: str, leaf: Any) -> None:
         )
     if is_rowsparse(leaf):
         check_unbatched(leaf, f"the update of `{path_name(path)}`")
+        check_table_rows(leaf, path_name(path))
 
 
 def check_inexact(path: str, grad: Any) -> None:
