@@ -9,47 +9,14 @@ import numpy as np
 from jax.experimental import checkify
 
 from ._csr import CSR, whole_csr
+from ._invariants import padding_condition, row_id_conditions
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
 
 
-def row_id_conditions(idx: Any, n: int) -> list[tuple[Any, str]]:
-    """The row-id invariants of a RowSparse with ``n`` rows as ``(condition,
-    message)`` pairs: ids in ``[0, n]``, the real ones (``< n``) strictly
-    increasing with padding (``n``) only after them. Compared in the ids' own
-    dtype: where it cannot hold ``n`` (int8 ids of 300 rows), every id is
-    below ``n`` and real."""
-    fits = n <= jnp.iinfo(idx.dtype).max
-    conds = [(jnp.all(idx >= 0), "RowSparse `indices` must be >= 0 (negative ids wrap).")]
-    if fits:
-        conds.append(
-            (jnp.all(idx <= n), f"RowSparse `indices` must be <= N = {n} (N marks padding).")
-        )
-    if idx.shape[0] > 1:
-        real_next = idx[1:] < n if fits else jnp.ones(idx.shape[0] - 1, bool)
-        conds.append(
-            (
-                jnp.all(jnp.where(real_next, idx[1:] > idx[:-1], True)),
-                "RowSparse `indices` must be sorted ascending without duplicates, with padding "
-                "(id N) only at the end.",
-            )
-        )
-    return conds
-
-
 def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:
     n = x.shape[0]
-    idx = x.indices
-    conds = row_id_conditions(idx, n)
-    pad = idx >= n if n <= jnp.iinfo(idx.dtype).max else jnp.zeros(idx.shape, bool)
-    pad_mask = pad.reshape(pad.shape + (1,) * (x.ndim - 1))
-    conds.append(
-        (
-            jnp.all(jnp.where(pad_mask, x.data == 0, True)),
-            "RowSparse padding slots must hold zero `data`.",
-        )
-    )
-    return conds
+    return [*row_id_conditions(x.indices, n), padding_condition(x.data, x.indices, n)]
 
 
 def _csr_conditions(x: CSR) -> list[tuple[Any, str]]:
@@ -117,19 +84,23 @@ def check(x: Any) -> None:
             checkify.check(cond, message)
 
 
-def check_ids(ids: Any, num_rows: int) -> None:
+def check_ids(ids: Any, num_rows: Any) -> None:
     """Validates row ids for ``take``, ``pull_rows``, ``retain`` or ``embedding_bag``.
 
-    Every id must lie in ``[0, num_rows]`` (``num_rows`` itself is the padding
-    id). Eagerly those functions check this themselves and a violation raises
-    ``ValueError``; under ``jax.jit`` they cannot see the values and treat an
-    out-of-range id as padding (it reads zeros and gets no gradient). Call this
-    inside the jitted function and wrap it with
+    Every id must lie in ``[0, V]`` (``V`` itself is the padding id). With a
+    RowSparse for ``num_rows`` (a :func:`pull_rows <jaxsparse_rows.pull_rows>`
+    view), every id in ``[0, V)`` must also be a row it stores: a lookup of
+    any other row reads zeros and that row gets no gradient. Eagerly
+    ``take``, ``pull_rows`` and ``embedding_bag`` check this themselves and a
+    violation raises ``ValueError``; under ``jax.jit`` they cannot see the
+    values (an out-of-range id is treated as padding, an unstored one reads
+    zeros). Call this inside the jitted function and wrap it with
     ``jax.experimental.checkify.checkify`` to get the error back.
 
     Args:
       ids: integer array of row ids, any shape.
-      num_rows: the table's row count ``V``.
+      num_rows: the table's row count ``V``, or a RowSparse whose stored rows
+        the ids must name.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
@@ -144,11 +115,22 @@ def check_ids(ids: Any, num_rows: int) -> None:
       >>> err, _ = checkify.checkify(jax.jit(lookup))(jnp.array([1, 4]))
       >>> err.get() is None
       True
+      >>> def lookup_view(ids):
+      ...     view = jsr.pull_rows(table, jnp.array([0, 1]))
+      ...     jsr.check_ids(ids, view)
+      ...     return jsr.take(view, ids)
+      >>> err, _ = checkify.checkify(jax.jit(lookup_view))(jnp.array([1, 3]))
+      >>> print(err.get())  # doctest: +ELLIPSIS
+      `ids` names rows that the RowSparse does not store...
     """
-    from ._rows import _as_ids, _check_id_range, _id_range_message
+    from ._rows import _as_ids, _check_id_range, _check_stored, _id_range_message, stored_condition
 
+    view = None
+    if isinstance(num_rows, RowSparse):
+        check_unbatched_args("check_ids", num_rows)
+        view, num_rows = num_rows, num_rows.shape[0]
     if isinstance(num_rows, bool) or not isinstance(num_rows, int | np.integer):
-        raise TypeError(f"`num_rows` must be an int, got {num_rows!r}.")
+        raise TypeError(f"`num_rows` must be an int or a RowSparse, got {num_rows!r}.")
     num_rows = int(num_rows)
     if num_rows < 0:
         raise ValueError(f"`num_rows` must be >= 0, got {num_rows}.")
@@ -157,6 +139,11 @@ def check_ids(ids: Any, num_rows: int) -> None:
         return
     if is_concrete(ids):
         _check_id_range(ids, num_rows, "ids")  # the eager check of take & co.
-        return
+        if view is not None:
+            _check_stored(view, ids, "ids")
+        if view is None or is_concrete(view.indices):
+            return
     message = _id_range_message("ids", num_rows) + "."
     checkify.check(jnp.all((ids >= 0) & (ids <= num_rows)), message)
+    if view is not None:
+        checkify.check(*stored_condition(view, ids, "ids"))

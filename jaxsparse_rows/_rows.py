@@ -11,6 +11,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ._ids import slots_in, unique_rows
+from ._limits import check_table_rows
 from ._operators import SparseOperators
 from ._row_moves import gather_rows as gather_any_rows
 from ._row_moves import gather_sorted_rows
@@ -72,7 +73,9 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
         docs).
 
     Out-of-range ids (``< 0`` or ``> V``) raise when concrete; under jit they
-    are treated as padding.
+    are treated as padding. A ``table`` of more rows than the index dtype
+    holds with its padding id (``2**31 - 1`` without ``jax_enable_x64``)
+    raises ``ValueError``.
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -95,6 +98,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
         table = jnp.asarray(table)
     if table.ndim < 1:
         raise ValueError(f"`table` must be at least 1-D ([V, ...]), got a scalar {table!r}.")
+    check_table_rows(table, "table")
     ids = _as_ids(ids)
     n = table.shape[0]
     flat = ids.reshape(-1)
@@ -121,24 +125,78 @@ def lookup_slots(rsp: RowSparse, ids: jax.Array) -> jax.Array:
     return slots_in(rsp.indices, ids, rsp.shape[0])
 
 
-def take(x: Any, ids: ArrayLike) -> jax.Array:
+def _missing_message(name: str, missing: Any, n_missing: int) -> str:
+    shown = ", ".join(str(int(i)) for i in missing[:8])
+    more = f" and {n_missing - 8} more" if n_missing > 8 else ""
+    return (
+        f"`{name}` names rows that the RowSparse does not store: {shown}{more}. A lookup "
+        "in a `pull_rows` view reads zeros for them and their rows get no gradient. "
+        "Pull every id the function looks up (`jsr.pull_rows(table, all_ids)`), or pass "
+        '`missing="zero"` to read unstored rows as zeros on purpose.'
+    )
+
+
+def _check_stored(x: RowSparse, ids: jax.Array, name: str) -> None:
+    """Concrete ids in ``[0, V)`` must be among the rows ``x`` stores."""
+    if not is_concrete(ids, x.indices) or ids.size == 0:
+        return
+    arr = np.asarray(ids).reshape(-1)
+    n = x.shape[0]
+    stored = np.asarray(x.indices)
+    wanted = arr[(arr >= 0) & (arr < n)]
+    absent = wanted[~np.isin(wanted, stored[stored < n])]
+    if absent.size:
+        uniq = np.unique(absent)
+        raise ValueError(_missing_message(name, uniq, uniq.size))
+
+
+def stored_condition(x: RowSparse, ids: jax.Array, name: str = "ids") -> tuple[Any, str]:
+    """``(condition, message)``: every id in ``[0, V)`` is a row ``x`` stores,
+    as a traced boolean (for ``checkify``)."""
+    flat = ids.reshape(-1)
+    slots = lookup_slots(x, flat)
+    real = (flat >= 0) & (flat < x.shape[0])
+    message = (
+        f"`{name}` names rows that the RowSparse does not store; a lookup in a `pull_rows` "
+        "view reads zeros for them and their rows get no gradient."
+    )
+    return jnp.all(jnp.where(real, slots < x.capacity, True)), message
+
+
+def take(x: Any, ids: ArrayLike, *, missing: str = "error") -> jax.Array:
     """Dense lookup of rows: ``out[i...] = x[ids[i...]]``, shape ``[*ids.shape, D1..Dn]``.
 
-    For a RowSparse ``x`` (e.g. a :func:`pull_rows` view) rows it does not store
-    read zeros, and the gradient with respect to ``x.data`` is a ``[k, D]``
-    array: no ``[V, D]`` temporary. A dense ``x`` is gathered directly.
+    For a RowSparse ``x`` (e.g. a :func:`pull_rows` view) the gradient with
+    respect to ``x.data`` is a ``[k, D]`` array: no ``[V, D]`` temporary.
+    Every id must name a row that ``x`` stores (or be the padding id ``V``):
+    a view that lacks a looked-up row would read zeros for it, and the row
+    would get no gradient. Concrete ids that ``x`` lacks raise
+    ``ValueError``; under ``jax.jit`` they are not checked (they read zeros):
+    call :func:`jsr.check_ids(ids, x) <jaxsparse_rows.check_ids>` in a
+    function wrapped with ``checkify`` to check them there. With
+    ``missing="zero"`` unstored rows read zeros on purpose (the rows a
+    RowSparse does not store are zero). A dense ``x`` is gathered directly; it may
+    have at most ``2**31 - 1`` rows without ``jax_enable_x64`` (``ValueError``
+    otherwise), since its row count is the padding id.
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
       >>> rows = jsr.pull_rows(jnp.arange(12.).reshape(6, 2), jnp.array([1, 4]))
-      >>> jsr.take(rows, jnp.array([4, 0]))
+      >>> jsr.take(rows, jnp.array([4, 1]))
+      Array([[8., 9.],
+             [2., 3.]], dtype=float32)
+      >>> jsr.take(rows, jnp.array([4, 0]), missing="zero")
       Array([[8., 9.],
              [0., 0.]], dtype=float32)
     """
+    if missing not in ("error", "zero"):
+        raise ValueError(f'`missing` must be "error" or "zero", got {missing!r}.')
     check_unbatched_args("take", x)
     ids = _as_ids(ids)
     if isinstance(x, RowSparse):
         _check_id_range(ids, x.shape[0], "ids")
+        if missing == "error":
+            _check_stored(x, ids, "ids")
         # The gather primitive: on CPU its transpose (the gradient with
         # respect to `x.data`) is the native sum of rows into [K, D].
         slots = lookup_slots(x, ids.reshape(-1))
@@ -150,6 +208,7 @@ def take(x: Any, ids: ArrayLike) -> jax.Array:
     x = jnp.asarray(x)
     if x.ndim == 0:
         raise ValueError("`x` must be at least 1-D (rows first), got a scalar.")
+    check_table_rows(x, "x")
     _check_id_range(ids, x.shape[0], "ids")
     return gather_any_rows(x, ids)
 
@@ -177,4 +236,4 @@ def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
     n = x.shape[0]
     _check_id_range(rows, n, "rows")
     uniq, _ = unique_rows(rows, n, rows.shape[0])
-    return RowSparse._make(take(x, uniq), uniq, x.shape)
+    return RowSparse._make(take(x, uniq, missing="zero"), uniq, x.shape)

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._invariants import refuse_invalid
+
 
 def index_dtype() -> np.dtype:
     """The default index dtype: int32, or int64 when ``jax_enable_x64`` is on."""
@@ -125,7 +127,8 @@ def check_unbatched_args(what: str, *args: Any) -> None:
 
 def check_unbatched(x: Any, what: str) -> None:
     """Refuses a sparse array whose leaves ``jax.vmap`` stacked (its ids have
-    leading batch axes) where ``what`` needs one array."""
+    leading batch axes) where ``what`` needs one array, and a concrete
+    RowSparse that breaks its invariant (see ``_invariants``)."""
     ids = x.indptr if hasattr(x, "indptr") else x.indices
     if getattr(ids, "ndim", 1) == 0:
         raise ValueError(
@@ -141,6 +144,8 @@ def check_unbatched(x: Any, what: str) -> None:
             f"stacked by jax.vmap: {repr(x)}). Map over the batch with jax.vmap, e.g. "
             f"`jax.vmap(jsr.todense)(x)`, or pick one with `jax.tree.map(lambda a: a[i], x)`."
         )
+    if getattr(x, "stype", None) == "row_sparse":
+        refuse_invalid(x, what if what.startswith("the ") else f"the RowSparse given to {what}")
 
 
 def shape_str(dtype: Any, shape: tuple[int, ...]) -> str:

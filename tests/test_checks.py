@@ -127,7 +127,7 @@ def test_check_ids_accepts_valid_ids_and_the_padding_id(jit_mode):
 def test_check_ids_bad_arguments():
     with pytest.raises(TypeError, match="`ids` must have an integer dtype"):
         jsr.check_ids(jnp.array([0.0]), 4)
-    with pytest.raises(TypeError, match="`num_rows` must be an int, got 4.0"):
+    with pytest.raises(TypeError, match="`num_rows` must be an int or a RowSparse, got 4.0"):
         jsr.check_ids(jnp.array([0]), 4.0)
     with pytest.raises(ValueError, match="`num_rows` must be >= 0, got -1"):
         jsr.check_ids(jnp.array([0]), -1)

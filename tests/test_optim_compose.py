@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from test_optim_common import (
+    INT32_MAX,
     ORACLES,
     dense_step,
     grad_sequence,
@@ -94,13 +95,24 @@ def test_chain_clip_then_lazy_sgd_matches_dense_clip():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
+def _is_eager(jit_mode) -> bool:
+    fn = lambda: None  # noqa: E731
+    return jit_mode(fn) is fn
+
+
 @pytest.mark.parametrize("max_norm", [2.5, 100.0])
 def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode, max_norm):
-    # Slot 1 is padding (id 5 == n_rows): its values must not count in the norm.
+    # Slot 1 is padding (id 5 == n_rows) holding non-zero values, which breaks
+    # the RowSparse invariant: refused when concrete; under jit (unchecked)
+    # they must not count in the norm.
     data = np.array([[3.0, 4.0], [7.0, 7.0]], np.float32)
     b = np.array([1.0, -2.0], np.float32)
     g = jsr.RowSparse._make(jnp.asarray(data), jnp.asarray([1, 5], jnp.int32), (5, 2))
     tx = jsr.optim.clip_by_global_norm(max_norm)
+    if _is_eager(jit_mode):  # eager
+        with pytest.raises(ValueError, match="non-zero padding rows"):
+            tx.update({"a": g, "b": jnp.asarray(b)}, tx.init(None))
+        return
     u, _ = jit_mode(tx.update)({"a": g, "b": jnp.asarray(b)}, tx.init(None))
     scale = min(1.0, max_norm / np.sqrt(np.sum(data[0] ** 2) + np.sum(b**2)))
     np.testing.assert_allclose(np.asarray(u["a"].data)[0], scale * data[0], rtol=1e-6)
@@ -204,9 +216,7 @@ def test_stacked_updates_are_refused_by_the_optimizers_and_apply_updates():
     stacked = jax.vmap(lambda i: jsr.RowSparse(jnp.ones((3, 2)), i, (6, 2)))(
         jnp.array([[0, 2, 4], [1, 5, 6]])
     )
-    with pytest.raises(
-        ValueError, match=r"apply_updates \(the update of `params\['w'\]`\) needs one"
-    ):
+    with pytest.raises(ValueError, match=r"the update of `params\['w'\]` needs one RowSparse"):
         jsr.optim.apply_updates({"w": w}, {"w": stacked})
     for opt in (jsr.optim.lazy_adam(0.1), jsr.optim.lazy_sgd(0.1)):
         with pytest.raises(ValueError, match=r"the update of `params\['w'\]` needs one RowSparse"):
@@ -454,12 +464,49 @@ def test_skip_nonfinite_skips_whole_step(jit_mode):
     assert not np.array_equal(np.asarray(w3), np.asarray(w2))
 
 
+def test_skip_nonfinite_counts_saturate_at_the_int32_limit(jit_mode):
+    """`skipped` and the inner count set to 2**31 - 2: both stop at 2**31 - 1
+    and never wrap to -2**31; the steps taken equal optax.adam's from the
+    same count."""
+    w0 = jnp.asarray(np.random.default_rng(91).normal(size=(3, 2)), jnp.float32)
+    start = INT32_MAX - 1
+    opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_adam(0.1))
+    state = optax.tree_utils.tree_set(opt.init(w0), count=jnp.asarray(start, jnp.int32))
+    state = state._replace(skipped=jnp.asarray(start, jnp.int32))
+    ref = optax.adam(0.1)
+    ref_state = optax.tree_utils.tree_set(ref.init(w0), count=jnp.asarray(start, jnp.int32))
+
+    def step(w, s, g):
+        u, s = opt.update(g, s, w)
+        return jsr.optim.apply_updates(w, u), s
+
+    step = jit_mode(step)
+    good = [np.array([[1.0, -2.0], [0.5, 0.0], [3.0, 1.0]]), np.array([[2.0, 1], [0, 0], [1, -1]])]
+    bad = jsr.RowSparse([[1.0, np.nan]], [1], shape=(3, 2))
+    w, want = w0, w0
+    for t in range(5):
+        if t % 2:
+            g = good[t // 2 % 2]
+            w, state = step(w, state, jsr.RowSparse(g, np.arange(3), shape=(3, 2)))
+            u, ref_state = ref.update(jnp.asarray(g, jnp.float32), ref_state, want)
+            want = optax.apply_updates(want, u)
+        else:
+            w, state = step(w, state, bad)
+        assert int(state.skipped) == min(start + t // 2 + 1, INT32_MAX)
+    assert int(state.inner_state[0].count) == INT32_MAX == int(ref_state[0].count)
+    assert np.all(np.isfinite(np.asarray(w)))
+    np.testing.assert_allclose(np.asarray(w), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
 def test_skip_nonfinite_ignores_padding_slots():
-    # A NaN in a padding slot is not a gradient value: nothing is skipped.
+    # A NaN in a padding slot is not a gradient value: refused when concrete
+    # (the slot breaks the invariant); under jit nothing is skipped.
     g = jsr.RowSparse._make(jnp.asarray([[1.0], [np.nan]]), jnp.asarray([0, 3], jnp.int32), (3, 1))
     opt = jsr.optim.skip_nonfinite(jsr.optim.lazy_sgd(1.0))
     w = jnp.zeros((3, 1))
-    u, s = opt.update(g, opt.init(w), w)
+    with pytest.raises(ValueError, match="non-zero padding rows"):
+        opt.update(g, opt.init(w), w)
+    u, s = jax.jit(opt.update)(g, opt.init(w), w)
     assert int(s.skipped) == 0
     np.testing.assert_array_equal(np.asarray(jsr.optim.apply_updates(w, u))[:, 0], [-1, 0, 0])
 
@@ -551,7 +598,11 @@ def test_global_norm_counts_real_rows_not_row_ids(jit_mode):
         "b": jnp.asarray([0.0, 12.0]),
         "none": None,
     }
-    assert float(jit_mode(jsr.optim.global_norm)(g)) == pytest.approx(13.0)
+    if _is_eager(jit_mode):  # eager: the padding slot's values are refused
+        with pytest.raises(ValueError, match="non-zero padding rows"):
+            jsr.optim.global_norm(g)
+    else:  # under jit (unchecked) they do not count
+        assert float(jit_mode(jsr.optim.global_norm)(g)) == pytest.approx(13.0)
     assert float(optax.tree.norm(g)) != pytest.approx(13.0)  # why it exists
     with jax.enable_x64(True):
         mixed = {"a": jnp.ones(2, jnp.float64), "c": jnp.asarray([3 + 4j], jnp.complex64)}

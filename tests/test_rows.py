@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,7 +233,7 @@ def test_take_matches_oracle(jit_mode, rng, dtype, ids_shape):
     stored = jnp.array([1, 4, 6])
     rows = jsr.pull_rows(table, stored, size=5)  # two padding slots
     ids = jnp.asarray(rng.integers(0, v, size=ids_shape), jnp.int32)
-    out = jit_mode(jsr.take)(rows, ids)
+    out = jit_mode(functools.partial(jsr.take, missing="zero"))(rows, ids)
     dense = np.asarray(rows.todense())
     expected = dense[np.asarray(ids)]
     assert out.shape == tuple(ids_shape) + (2, 3) and out.dtype == dtype
@@ -240,8 +242,52 @@ def test_take_matches_oracle(jit_mode, rng, dtype, ids_shape):
 
 def test_take_unstored_rows_read_zero_and_empty_capacity(jit_mode):
     empty = jsr.zeros("row_sparse", (5, 2))
-    out = jit_mode(jsr.take)(empty, jnp.array([0, 4, 4]))
+    out = jit_mode(functools.partial(jsr.take, missing="zero"))(empty, jnp.array([0, 4, 4]))
     np.testing.assert_array_equal(np.asarray(out), np.zeros((3, 2), np.float32))
+
+
+def test_take_of_a_row_the_view_lacks_is_an_error():
+    """A lookup of an id that the view was not pulled with read zeros and got
+    no gradient, silently. Concrete: ``ValueError`` naming the ids (from
+    ``take``, ``embedding_bag`` and ``check_ids``); padding ids and
+    ``missing="zero"`` still read zeros."""
+    table = jnp.arange(12.0).reshape(6, 2)
+    view = jsr.pull_rows(table, jnp.array([1, 4, 4]))
+    for call in (
+        lambda: jsr.take(view, jnp.array([[4, 0], [5, 1]])),
+        lambda: jsr.embedding_bag(view, jnp.array([[4, 0], [5, 1]]), mode="sum"),
+        lambda: jsr.check_ids(jnp.array([[4, 0], [5, 1]]), view),
+    ):
+        with pytest.raises(
+            ValueError, match=r"`ids` names rows that the RowSparse does not store: 0, 5\."
+        ):
+            call()
+    np.testing.assert_array_equal(jsr.take(view, jnp.array([4, 6, 1])), [[8, 9], [0, 0], [2, 3]])
+    jsr.check_ids(jnp.array([4, 6, 1]), view)  # stored rows and the padding id pass
+    out = jsr.take(view, jnp.array([4, 0]), missing="zero")
+    np.testing.assert_array_equal(out, [[8, 9], [0, 0]])
+    with pytest.raises(ValueError, match='`missing` must be "error" or "zero"'):
+        jsr.take(view, jnp.array([4]), missing="raise")
+
+
+def test_take_of_a_row_the_view_lacks_is_reported_by_checkify_under_jit():
+    """Under jit the values are unknown while tracing: the lookup reads zeros
+    (as documented), and ``jsr.check_ids(ids, view)`` inside ``checkify``
+    reports the unstored ids; with every id stored it reports nothing."""
+    table = jnp.arange(12.0).reshape(6, 2)
+
+    def lookup(pulled, ids):
+        view = jsr.pull_rows(table, pulled)
+        jsr.check_ids(ids, view)
+        return jsr.take(view, ids)
+
+    checked = checkify.checkify(jax.jit(lookup))
+    err, out = checked(jnp.array([1, 4]), jnp.array([4, 0]))
+    assert "does not store" in err.get()
+    np.testing.assert_array_equal(out, [[8, 9], [0, 0]])
+    err, out = checked(jnp.array([1, 4]), jnp.array([4, 1, 6]))
+    assert err.get() is None
+    np.testing.assert_array_equal(out, [[8, 9], [2, 3], [0, 0]])
 
 
 def test_take_padding_id_reads_zero_not_padding_slot():

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-import operator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from .._checks import row_id_conditions
+from .._limits import check_table_rows
 from .._operators import SparseOperators
-from .._util import as_jax, check_unbatched, is_concrete
+from .._util import as_jax, check_unbatched
 from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, path_name, scatter_rows
 
 
@@ -41,33 +39,6 @@ def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
         f"the update for `{path_name(path)}` has dtype {jnp.dtype(update_dtype).name}, but the "
         f"parameter has dtype {jnp.dtype(param_dtype).name}: {lost} when the result is cast "
         f"back to the parameter's dtype. {fix}"
-    )
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _row_ids_ok(ids: jax.Array, n: int) -> jax.Array:
-    """The row-id invariants of ``jsr.check`` as one program and one scalar."""
-    return functools.reduce(operator.and_, (cond for cond, _ in row_id_conditions(ids, n)))
-
-
-def _check_row_ids(path: str, u: Any) -> None:
-    """Refuses a RowSparse update whose concrete row ids are out of range,
-    unsorted or repeated: what an optax transform that maps over every leaf
-    (``scale_by_schedule``, ``scale_by_sign``, ...) makes of them. One small
-    program and one wait for its result; under a trace the ids are unknown and
-    nothing is checked (``jsr.check`` inside ``checkify`` checks them there)."""
-    if not is_concrete(u.indices) or u.indices.shape[0] == 0:
-        return
-    n = u.shape[0]
-    if bool(_row_ids_ok(u.indices, n)):
-        return
-    raise ValueError(
-        f"the RowSparse update for `{path_name(path)}` has invalid row ids {u.indices}: they "
-        f"must lie in [0, {n}] ({n} marks padding), sorted ascending without duplicates. An "
-        "optax transform that maps over every leaf also maps the row ids; see 'Which optax "
-        "transforms are safe on RowSparse updates' in the optimizers guide for its "
-        "replacement (often `jsr.optim.lift_elementwise(...)`). Under jax.jit this is not "
-        "checked: call `jsr.check(update)` inside `checkify` to check it there."
     )
 
 
@@ -137,8 +108,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
         p = as_jax(p)
         _check_update_dtype(path, p.dtype, u.dtype)
         if is_rowsparse(u):
-            check_unbatched(u, f"apply_updates (the update of `{path_name(path)}`)")
-            _check_row_ids(path, u)
+            check_unbatched(u, f"the update of `{path_name(path)}`")
+            check_table_rows(p, path_name(path))
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:
                 return scatter_rows(p, u.indices, u.data, add=True)
