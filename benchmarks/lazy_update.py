@@ -28,6 +28,7 @@ Run ``python benchmarks/lazy_update.py --help`` for the options.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import warnings
@@ -161,10 +162,10 @@ def _xla_rows():
 def _jsr_rows():
     """The row gather/scatter jsr's lazy steps use (its native CPU kernels where
     built, else the same XLA ops); private API, for this comparison only."""
-    moves = h.require("jaxsparse_rows._row_moves")
+    moves = h.require("jaxsparse_rows._rowops")
     if not jsr.native_kernels_enabled():
         raise h.Skip("jsr's native kernels are not built or are turned off")
-    return moves.gather_sorted_rows, moves.scatter_sorted_rows
+    return functools.partial(moves.gather_rows, ids_sorted=True), moves.scatter_rows
 
 
 def floor_contender(

@@ -36,8 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402
 
 from jaxsparse_rows import _native  # noqa: E402
-from jaxsparse_rows._gather_prim import _gather_ref, _sum_ref, gather, sum_rows  # noqa: E402
-from jaxsparse_rows._row_moves import _scatter_xla, scatter_sorted_rows  # noqa: E402
+from jaxsparse_rows._rowops import (  # noqa: E402
+    gather_rows,
+    gather_rows_xla,
+    scatter_rows,
+    scatter_rows_xla,
+    sum_rows,
+    sum_rows_xla,
+)
 
 N_POOL = 8  # id sets cycled through, so no call finds the last call's rows in cache
 OPS = ("gather", "scatter-set", "scatter-add", "sum of rows")
@@ -63,19 +69,23 @@ def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
         rows = jnp.asarray(rng.standard_normal((k, d), dtype=np.float32))
         if op == "gather":
             table = jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))
-            f = jax.jit(functools.partial(gather if native else _gather_ref, ids_sorted=True))
+            f = jax.jit(
+                functools.partial(gather_rows if native else gather_rows_xla, ids_sorted=True)
+            )
             pool = itertools.cycle(_id_pool(v, k, True))
             return lambda: f(table, next(pool))
         if op == "sum of rows":
-            f = jax.jit(functools.partial(sum_rows if native else _sum_ref, n=v, ids_sorted=False))
+            f = jax.jit(
+                functools.partial(sum_rows if native else sum_rows_xla, n=v, ids_sorted=False)
+            )
             pool = itertools.cycle(_id_pool(v, k, False))
             return lambda: f(rows, next(pool))
         add = op == "scatter-add"
         state = [jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))]
         if native:
-            scatter = functools.partial(scatter_sorted_rows, add=add)
+            scatter = functools.partial(scatter_rows, add=add)
         else:
-            scatter = lambda t, i, r: _scatter_xla(t, i, r, add)  # noqa: E731
+            scatter = lambda t, i, r: scatter_rows_xla(t, i, r, add)  # noqa: E731
         f = jax.jit(scatter, donate_argnums=0)
         pool = itertools.cycle(_id_pool(v, k, True))
 

@@ -6,6 +6,7 @@ Import convention::
     import jaxsparse_rows as jsr
 """
 
+from . import _methods  # noqa: F401  (attaches the operators and methods)
 from . import io as io
 from . import optim as optim
 from . import random as random

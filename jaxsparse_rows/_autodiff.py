@@ -11,8 +11,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _sparsify
 from ._csr import CSR
-from ._elementwise import _with_data, _with_data_masked
+from ._elementwise import with_data, with_data_masked
 from ._rowsparse import RowSparse
 
 
@@ -50,6 +51,8 @@ def value_and_grad(
     has_aux: bool = False,
     holomorphic: bool = False,
     allow_int: bool = False,
+    *,
+    sparse: Any = None,
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with row-sparse gradients for RowSparse inputs.
 
@@ -69,6 +72,16 @@ def value_and_grad(
       holomorphic: as in ``jax.value_and_grad`` (complex inputs and output).
       allow_int: as in ``jax.value_and_grad`` (integer inputs get ``float0``
         gradients).
+      sparse: row-sparse gradients for dense tables that ``fun`` only looks
+        rows up from (``x[ids]``, ``jnp.take(x, ids, axis=0)``,
+        ``x.at[ids].get()``, along axis 0). ``None``: none. ``"auto"``: every
+        floating-point leaf of the differentiated arguments whose every use is
+        such a lookup gets a RowSparse gradient holding exactly the rows looked
+        up (repeats summed, capacity the number of ids looked up); every other
+        leaf gets the gradient jax gives. A pytree prefix of bools, or a
+        callable ``(path, leaf) -> bool``, marks the leaves explicitly; a marked
+        leaf that ``fun`` uses in any other way raises ``ValueError`` naming the
+        leaf and the use. See the "Models and frameworks" docs page.
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -81,6 +94,13 @@ def value_and_grad(
       >>> g.indices[:2], g.data[:2]
       (Array([3, 7], dtype=int32), Array([[4., 4.],
              [2., 2.]], dtype=float32))
+
+      With ``sparse="auto"`` the dense table itself gets a row-sparse gradient:
+
+      >>> loss = lambda t, ids: jnp.sum(t[ids] ** 2)
+      >>> value, g = jsr.value_and_grad(loss, sparse="auto")(table, jnp.array([3, 7, 3]))
+      >>> g, g.indices
+      (RowSparse(float32[1000, 2], rows=2, capacity=3), Array([   3,    7, 1000], dtype=int32))
     """
 
     @functools.wraps(fun)
@@ -90,9 +110,13 @@ def value_and_grad(
         leaves, treedef = jax.tree.flatten(diff, is_leaf=_is_rsp)
         primals = [leaf.data if _is_rsp(leaf) else leaf for leaf in leaves]
 
+        if sparse is not None:
+            marks, names = _sparsify.leaf_marks(sparse, fun, diff, nums, _is_int(argnums), _is_rsp)
+            marks = [False if _is_rsp(leaf) else m for leaf, m in zip(leaves, marks, strict=True)]
+
         def inner(flat_primals):
             rebuilt = [
-                _with_data(leaf, p) if _is_rsp(leaf) else p
+                with_data(leaf, p) if _is_rsp(leaf) else p
                 for p, leaf in zip(flat_primals, leaves, strict=True)
             ]
             new_diff = jax.tree.unflatten(treedef, rebuilt)
@@ -101,12 +125,23 @@ def value_and_grad(
                 call_args[i] = value
             return fun(*call_args, **kwargs)
 
-        value, grads = jax.value_and_grad(
-            inner, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
-        )(primals)
+        if sparse is None:
+            value, grads = jax.value_and_grad(
+                inner, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
+            )(primals)
+        else:
+            value, grads = _sparsify.value_and_grad_flat(
+                inner,
+                primals,
+                marks,
+                names,
+                has_aux=has_aux,
+                holomorphic=holomorphic,
+                allow_int=allow_int,
+            )
         out = [
             # padding slots get zero gradient, even if `fun` read `x.data` directly
-            _with_data_masked(leaf, g) if _is_rsp(leaf) else g
+            with_data_masked(leaf, g) if _is_rsp(leaf) else g
             for g, leaf in zip(grads, leaves, strict=True)
         ]
         grad_tree = jax.tree.unflatten(treedef, out)
@@ -121,10 +156,12 @@ def grad(
     has_aux: bool = False,
     holomorphic: bool = False,
     allow_int: bool = False,
+    *,
+    sparse: Any = None,
 ) -> Callable[..., Any]:
     """Like ``jax.grad``, with row-sparse gradients for RowSparse inputs.
 
-    See :func:`value_and_grad` (the arguments are the same).
+    See :func:`value_and_grad` (the arguments are the same, ``sparse`` included).
 
     Example:
       >>> import jax.numpy as jnp, jaxsparse_rows as jsr
@@ -133,9 +170,22 @@ def grad(
       >>> g.indices, g.data
       (Array([2, 5], dtype=int32), Array([[0., 0.],
              [3., 3.]], dtype=float32))
+      >>> params = {"emb": jnp.ones((10, 2)), "w": jnp.ones(2)}
+      >>> loss = lambda p, ids: jnp.sum(jnp.take(p["emb"], ids, axis=0) @ p["w"])
+      >>> g = jsr.grad(loss, sparse="auto")(params, jnp.array([4, 1, 4]))
+      >>> g["emb"].indices
+      Array([ 1,  4, 10], dtype=int32)
+      >>> g["emb"].data[:2], g["w"]
+      (Array([[1., 1.],
+             [2., 2.]], dtype=float32), Array([3., 3.], dtype=float32))
     """
     vg = value_and_grad(
-        fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
+        fun,
+        argnums=argnums,
+        has_aux=has_aux,
+        holomorphic=holomorphic,
+        allow_int=allow_int,
+        sparse=sparse,
     )
 
     @functools.wraps(fun)

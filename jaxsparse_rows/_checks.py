@@ -10,6 +10,7 @@ from jax.experimental import checkify
 
 from ._csr import CSR, whole_csr
 from ._invariants import padding_condition, row_id_conditions
+from ._rows import as_ids, check_id_range, check_stored, id_range_message, stored_condition
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
 
@@ -123,7 +124,6 @@ def check_ids(ids: Any, num_rows: Any) -> None:
       >>> print(err.get())  # doctest: +ELLIPSIS
       `ids` names rows that the RowSparse does not store...
     """
-    from ._rows import _as_ids, _check_id_range, _check_stored, _id_range_message, stored_condition
 
     view = None
     if isinstance(num_rows, RowSparse):
@@ -134,16 +134,16 @@ def check_ids(ids: Any, num_rows: Any) -> None:
     num_rows = int(num_rows)
     if num_rows < 0:
         raise ValueError(f"`num_rows` must be >= 0, got {num_rows}.")
-    ids = _as_ids(ids)  # widened: `ids <= num_rows` cannot wrap num_rows
+    ids = as_ids(ids)  # widened: `ids <= num_rows` cannot wrap num_rows
     if ids.size == 0:
         return
     if is_concrete(ids):
-        _check_id_range(ids, num_rows, "ids")  # the eager check of take & co.
+        check_id_range(ids, num_rows, "ids")  # the eager check of take & co.
         if view is not None:
-            _check_stored(view, ids, "ids")
+            check_stored(view, ids, "ids")
         if view is None or is_concrete(view.indices):
             return
-    message = _id_range_message("ids", num_rows) + "."
+    message = id_range_message("ids", num_rows) + "."
     checkify.check(jnp.all((ids >= 0) & (ids <= num_rows)), message)
     if view is not None:
         checkify.check(*stored_condition(view, ids, "ids"))

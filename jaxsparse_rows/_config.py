@@ -8,6 +8,8 @@ import os
 import warnings
 from collections.abc import Iterator
 
+from ._util import check_flag
+
 logger = logging.getLogger("jaxsparse_rows")
 
 _verbose = os.environ.get("JAXSPARSE_ROWS_VERBOSE", "0").strip().lower() not in ("", "0", "false")
@@ -36,8 +38,6 @@ def set_verbose(enabled: bool = True) -> None:
       True
       >>> jsr.set_verbose(False)
     """
-    from ._util import check_flag
-
     global _verbose
     _verbose = check_flag(enabled, "enabled")
     # A handler of our own only where no root handler shows INFO lines: with

@@ -12,9 +12,10 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
+from ._arraybase import SparseArray
 from ._limits import check_table_rows
-from ._operators import SparseOperators
-from ._rowsparse import _as_index_array, _as_shape, dense_numpy, host_dense
+from ._rowops import fit_ids
+from ._rowsparse import as_index_array, as_shape, dense_numpy, host_dense, shape_arg
 from ._util import (
     as_data,
     as_jax,
@@ -24,7 +25,6 @@ from ._util import (
     check_unbatched_args,
     check_unflattened_ids,
     explicit_spec,
-    fit_ids,
     index_dtype,
     is_concrete,
     is_shape_tuple,
@@ -83,7 +83,7 @@ def _unpickle(data, indices, indptr, shape) -> CSR:
     return CSR._make(jnp.asarray(data), jnp.asarray(indices), jnp.asarray(indptr), shape)
 
 
-def _validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
+def validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarray, shape) -> None:
     m, n = shape
     nse = len(indices)
     if indptr[0] != 0:
@@ -130,7 +130,7 @@ def _validate_csr(data: np.ndarray | None, indices: np.ndarray, indptr: np.ndarr
 
 
 @jax.tree_util.register_pytree_with_keys_class
-class CSR(SparseOperators):
+class CSR(SparseArray):
     """A 2-D compressed-sparse-row matrix with a static entry capacity ``nse``.
 
     Row ``r`` holds entries ``indptr[r]:indptr[r+1]`` of ``data``/``indices``
@@ -167,13 +167,13 @@ class CSR(SparseOperators):
     def __init__(
         self, data: ArrayLike, indices: ArrayLike, indptr: ArrayLike, shape: Sequence[int]
     ):
-        shape = _as_shape(shape, index_dims=2)
+        shape = as_shape(shape, index_dims=2)
         if len(shape) != 2:
             raise ValueError(f"CSR `shape` must be 2-D (M, K), got {shape}.")
         # Host input stays numpy until validated (see RowSparse.__init__).
         data = as_data(data, host=True)
-        indices = _as_index_array(indices, "indices", host=True)
-        indptr = _as_index_array(indptr, "indptr", host=True)
+        indices = as_index_array(indices, "indices", host=True)
+        indptr = as_index_array(indptr, "indptr", host=True)
         if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
             raise ValueError(
                 "CSR `data`, `indices` and `indptr` must be 1-D, got shapes "
@@ -190,7 +190,7 @@ class CSR(SparseOperators):
             )
         if is_concrete(indices, indptr):
             host_data = np.asarray(data) if is_concrete(data) else None
-            _validate_csr(host_data, np.asarray(indices), np.asarray(indptr), shape)
+            validate_csr(host_data, np.asarray(indices), np.asarray(indptr), shape)
         self.data, self.indices, self.indptr = as_jax(data), as_jax(indices), as_jax(indptr)
         self.shape = shape
 
@@ -297,18 +297,6 @@ class CSR(SparseOperators):
         return CSR._make(
             jnp.array(self.data), jnp.array(self.indices), jnp.array(self.indptr), self.shape
         )
-
-    def tostype(self, stype: str) -> Any:
-        """Converts to ``"default"``, ``"row_sparse"`` or ``"csr"`` storage."""
-        from ._storage import cast_storage
-
-        return cast_storage(self, stype)
-
-    def to_scipy(self):
-        """A ``scipy.sparse.csr_matrix`` with the stored entries (needs scipy)."""
-        from ._interop import to_scipy
-
-        return to_scipy(self)
 
     @property
     def T(self):  # noqa: N802
@@ -418,6 +406,18 @@ class CSR(SparseOperators):
         return cls._make(data, c.astype(idt), indptr, (m, n))
 
 
+def empty_csr(shape: Sequence[int], dtype: Any = jnp.float32) -> CSR:
+    """An all-zero 2-D CSR of ``shape`` with no entries."""
+    shape = as_shape(shape, index_dims=2)
+    if len(shape) != 2:
+        raise ValueError(f"`shape` must be 2-D for csr, got {shape}.")
+    idt = index_dtype()
+    dtype = jnp.dtype(dtype)
+    return CSR._make(
+        jnp.zeros((0,), dtype), jnp.zeros((0,), idt), jnp.zeros((shape[0] + 1,), idt), shape
+    )
+
+
 def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> CSR:
     """Creates a CSR matrix, MXNet / scipy style.
 
@@ -435,25 +435,24 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
       CSR(float32[2, 3], nnz=0)
     """
     if is_shape_tuple(arg):
-        from ._storage import empty_from_shape
-
-        return empty_from_shape("csr", arg, shape, dtype)
+        return empty_csr(shape_arg(arg, shape), jnp.float32 if dtype is None else dtype)
     if isinstance(arg, CSR):
         if shape is not None and tuple(shape) != arg.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {arg.shape}.")
         return arg.astype(dtype) if dtype is not None else arg
     if type(arg).__module__.startswith("scipy.sparse"):
-        from ._interop import from_scipy
-
-        out = from_scipy(arg)
-        if shape is not None and _as_shape(shape) != out.shape:
+        m = arg.tocsr()
+        nnz = int(m.indptr[-1])  # scipy ignores entries past it (the triple form refuses them)
+        parts = (as_data(m.data[:nnz], host=True), m.indices[:nnz], m.indptr)
+        out = csr_matrix(parts, shape=m.shape)
+        if shape is not None and as_shape(shape) != out.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the matrix's {out.shape}.")
         return out.astype(dtype) if dtype is not None else out
     if not isinstance(arg, tuple):
         if isinstance(arg, list) and dtype is None:
             dtype = jnp.float32  # MXNet: Python lists default to float32
         out = CSR.fromdense(as_data(arg, dtype))
-        if shape is not None and _as_shape(shape) != out.shape:
+        if shape is not None and as_shape(shape) != out.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
         return out
     if len(arg) != 3:
@@ -462,15 +461,15 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
         )
     if shape is None:
         raise ValueError("`shape` is required when creating a CSR from (data, indices, indptr).")
-    shape = _as_shape(shape, index_dims=2)
+    shape = as_shape(shape, index_dims=2)
     data, indices, indptr = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
     # Host input stays numpy: under jit only `data` may be traced, and the
     # structure is still checked and canonicalised on the host.
     data = as_data(data, dtype, host=True)
-    indices = _as_index_array(indices, "indices", host=True)
-    indptr = _as_index_array(indptr, "indptr", host=True)
+    indices = as_index_array(indices, "indices", host=True)
+    indptr = as_index_array(indptr, "indptr", host=True)
     if not is_concrete(indices, indptr) or len(shape) != 2 or indptr.ndim != 1:
         return CSR(data, indices, indptr, shape)
     ip = np.asarray(indptr)

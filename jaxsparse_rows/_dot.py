@@ -13,8 +13,15 @@ from jax.custom_derivatives import SymbolicZero
 from . import _native
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, whole_csr
-from ._ids import coalesce_rows, slots_in, unique_with_slots
 from ._kernel_call import on_cpu
+from ._rowops import (
+    coalesce_rows,
+    fit_ids,
+    gather_rows_xla,
+    slots_in,
+    sum_rows_xla,
+    unique_with_slots,
+)
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
@@ -22,10 +29,7 @@ from ._util import (
     accumulation_dtype,
     check_flag,
     check_unbatched_args,
-    fit_ids,
-    gather_rows,
     index_dtype,
-    segment_rows,
 )
 
 
@@ -120,7 +124,7 @@ def dot(lhs: Any, rhs: Any, transpose_a: bool = False, transpose_b: bool = False
     if sl == "row_sparse" and sr == "default" and lhs.ndim == 2:
         if transpose_a:
             log_inference("dot.T", (sl, sr), "default")
-            gathered = gather_rows(rhs, lhs.indices)
+            gathered = gather_rows_xla(rhs, lhs.indices)
             return jnp.tensordot(lhs.data, gathered, axes=(0, 0))
         log_inference("dot", (sl, sr), "row_sparse")
         out = mask_padding(jnp.tensordot(lhs.data, rhs, axes=(1, 0)), lhs.indices, lhs.shape[0])
@@ -185,10 +189,10 @@ def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
     m = indptr.shape[0] - 1
     dtype = table.dtype if dtype is None else dtype
     acc = accumulation_dtype(dtype)  # half precision sums in float32, as jnp.dot
-    rows = gather_rows(table, cols).astype(acc)
+    rows = gather_rows_xla(table, cols).astype(acc)
     contrib = _rows_times(rows, vals.astype(acc))
     row_ids = csr_row_ids(indptr, vals.shape[0])
-    return segment_rows(contrib, row_ids, m, indices_are_sorted=True).astype(dtype)
+    return sum_rows_xla(contrib, row_ids, m, ids_sorted=True).astype(dtype)
 
 
 @jax.custom_jvp
@@ -223,11 +227,7 @@ def _csr_dot(lhs: CSR, rhs: Any) -> jax.Array:
     dtype = jnp.result_type(lhs.data, rhs.data if isinstance(rhs, RowSparse) else rhs)
     cols, table = _rhs_table(rhs, lhs.indices)
     cols = cols.astype(lhs.indptr.dtype)
-    if (
-        _native.native_kernels_enabled()
-        and lhs.shape[0] > 0
-        and _native.supports(lhs.data, table, cols, lhs.indptr)
-    ):
+    if lhs.shape[0] > 0 and _native.use(_native.CSR_DENSE, lhs.data, table, cols, lhs.indptr):
         return _csr_dense_native(lhs.data, cols, lhs.indptr, table)
     return _csr_dense_xla(lhs.data, cols, lhs.indptr, table, dtype)
 
@@ -238,7 +238,7 @@ def _csr_t_dense_xla(vals, cols, rows, table, k, dtype=None):
     ``min(nse, K)`` distinct columns occur, so that capacity never overflows."""
     dtype = table.dtype if dtype is None else dtype
     acc = accumulation_dtype(dtype)  # half precision sums in float32, as jnp.dot
-    contrib = _rows_times(gather_rows(table, rows).astype(acc), vals.astype(acc))
+    contrib = _rows_times(gather_rows_xla(table, rows).astype(acc), vals.astype(acc))
     idx, data, _ = coalesce_rows(cols, contrib, k, _t_capacity(cols, k))
     return idx, data.astype(dtype)
 
@@ -285,9 +285,9 @@ def _csr_t_dense_native_jvp(k, primals, tangents):
     idx, data = _csr_t_dense_native(vals, cols, rows, table, k)
     terms = []
     if not isinstance(d_table, SymbolicZero):
-        terms.append(_rows_times(gather_rows(d_table, rows), vals))
+        terms.append(_rows_times(gather_rows_xla(d_table, rows), vals))
     if not isinstance(d_vals, SymbolicZero):
-        terms.append(_rows_times(gather_rows(table, rows), d_vals))
+        terms.append(_rows_times(gather_rows_xla(table, rows), d_vals))
     if terms:
         slots = slots_in(idx, cols, k)
         d_data = jnp.zeros_like(data).at[slots].add(sum(terms[1:], terms[0]), mode="drop")
@@ -308,8 +308,7 @@ def _csr_t_dot(lhs: CSR, rhs: Any) -> RowSparse:
     cols, rows = lhs.indices.astype(index_dtype()), rows.astype(index_dtype())
     if (
         0 < k <= np.iinfo(index_dtype()).max  # k pads the result's indices
-        and _native.native_kernels_enabled()
-        and _native.supports(lhs.data, table, cols, rows)
+        and _native.use(_native.CSR_T_DENSE, lhs.data, table, cols, rows)
     ):
         idx, data = _csr_t_dense_native(lhs.data, cols, rows, table, k)
     else:

@@ -33,17 +33,20 @@ from jax import lax
 
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, add_entries, whole_csr
-from ._ids import coalesce_rows, slots_in
-from ._row_moves import scatter_sorted_rows
+from ._rowops import (
+    coalesce_rows,
+    fit_ids,
+    gather_rows_xla,
+    scatter_rows,
+    segments_of_sorted,
+    slots_in,
+)
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, bool_via_int, is_sparse, operand_dtype, stype
 from ._util import (
     broadcast_row_mask,
     check_unbatched_args,
-    fit_ids,
-    gather_rows,
     index_dtype,
-    segments_of_sorted,
 )
 
 
@@ -53,7 +56,7 @@ def _is_scalar(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray) and x.ndim == 0
 
 
-def _with_data(x: Any, data: jax.Array) -> Any:
+def with_data(x: Any, data: jax.Array) -> Any:
     if isinstance(x, RowSparse):
         return RowSparse._make(data, x.indices, x.shape)
     return CSR._make(data, x.indices, x.indptr, x.shape)
@@ -78,8 +81,8 @@ def _positive_scalar(p: Any) -> bool:
     return (v.dtype.kind in "iuf" or v.dtype.name == "bfloat16") and bool(v > 0)
 
 
-def _with_data_masked(x: Any, data: jax.Array) -> Any:
-    """``_with_data`` that forces padding slots back to zero (after ``* inf``, ``/ 0``)."""
+def with_data_masked(x: Any, data: jax.Array) -> Any:
+    """``with_data`` that forces padding slots back to zero (after ``* inf``, ``/ 0``)."""
     if isinstance(x, RowSparse):
         mask = broadcast_row_mask(x.row_mask, data.ndim)
     else:
@@ -87,7 +90,7 @@ def _with_data_masked(x: Any, data: jax.Array) -> Any:
         # by jax.vmap ([S.., M + 1] indptr, [S.., nse] data).
         pos = lax.broadcasted_iota(x.indptr.dtype, x.indices.shape, x.indices.ndim - 1)
         mask = pos < x.indptr[..., -1:]
-    return _with_data(x, jnp.where(mask, data, jnp.zeros_like(data, shape=())))
+    return with_data(x, jnp.where(mask, data, jnp.zeros_like(data, shape=())))
 
 
 def _same_shape(op: str, a: Any, b: Any) -> None:
@@ -116,7 +119,7 @@ def _zero_preserving(fn: Callable[[jax.Array], jax.Array], name: str) -> Callabl
     def op(x: Any) -> Any:
         if is_sparse(x):
             log_inference(name, (stype(x),), stype(x))
-            return _with_data(x, fn(x.data))
+            return with_data(x, fn(x.data))
         return fn(x)
 
     op.__name__ = op.__qualname__ = name
@@ -196,7 +199,7 @@ def power(x: Any, p: Any) -> Any:
     """
     if is_sparse(x) and _positive_scalar(p):
         log_inference("power", (stype(x), "scalar"), stype(x))
-        return _with_data(x, x.data**p)
+        return with_data(x, x.data**p)
     return apply_dense(jnp.power, x, p)
 
 
@@ -218,8 +221,8 @@ def multiply(a: Any, b: Any) -> Any:
     if _is_scalar(b):  # data only: leaves stacked by jax.vmap are fine
         log_inference("multiply", (sa, "scalar"), sa)
         if _finite_scalar(b):
-            return _with_data(a, a.data * b)
-        return _with_data_masked(a, a.data * b)
+            return with_data(a, a.data * b)
+        return with_data_masked(a, a.data * b)
     check_unbatched_args("multiply", a, b)
     if sa == sb == "row_sparse":
         _same_shape("multiply", a, b)
@@ -229,7 +232,7 @@ def multiply(a: Any, b: Any) -> Any:
         b = jnp.asarray(b)
         log_inference("multiply", (sa, sb), sa)
         if sa == "row_sparse":
-            return _with_data_masked(a, a.data * _dense_rows(b, a))
+            return with_data_masked(a, a.data * _dense_rows(b, a))
         return _csr_times_dense(a, b)
     _broadcastable("multiply", a, b)
     warn_fallback("multiply", (sa, sb))
@@ -247,8 +250,8 @@ def divide(a: Any, b: Any) -> Any:
     if is_sparse(a) and _is_scalar(b):
         log_inference("divide", (stype(a), "scalar"), stype(a))
         if _finite_scalar(b, nonzero=True):
-            return _with_data(a, a.data / b)
-        return _with_data_masked(a, a.data / b)
+            return with_data(a, a.data / b)
+        return with_data_masked(a, a.data / b)
     if not is_sparse(a) and not is_sparse(b):
         return jnp.divide(a, b)
     check_unbatched_args("divide", a, b)
@@ -361,7 +364,7 @@ def _dense_rows(dense: jax.Array, rsp: RowSparse) -> jax.Array:
         )
     if dense.shape[0] == 1:
         return dense
-    return gather_rows(dense, rsp.indices)
+    return gather_rows_xla(dense, rsp.indices)
 
 
 def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
@@ -374,7 +377,7 @@ def _scatter_add_dense(sparse: Any, dense: jax.Array) -> jax.Array:
             f"would broadcast the sparse operand to {shape}; that is not supported."
         )
     if isinstance(sparse, RowSparse):
-        return scatter_sorted_rows(base, sparse.indices, sparse.data.astype(dtype), add=True)
+        return scatter_rows(base, sparse.indices, sparse.data.astype(dtype), add=True)
     return add_entries(base, sparse)
 
 
@@ -390,7 +393,7 @@ def _rsp_intersect_multiply(a: RowSparse, b: RowSparse) -> RowSparse:
         )
     pos = slots_in(b.indices, a.indices, n)  # kb where b lacks the row
     hit = pos < kb
-    prod = a.data.astype(dtype) * gather_rows(b.data, pos).astype(dtype)
+    prod = a.data.astype(dtype) * gather_rows_xla(b.data, pos).astype(dtype)
     # Compact the hits to the front, keeping their (sorted) order.
     (slots,) = jnp.nonzero(hit, size=a.capacity, fill_value=a.capacity)
     idx = a.indices.at[slots].get(mode="fill", fill_value=n)

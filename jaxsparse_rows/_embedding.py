@@ -14,7 +14,7 @@ from jax.typing import ArrayLike
 
 from ._csr import CSR
 from ._limits import check_table_rows
-from ._rows import _as_ids, _check_id_range, take
+from ._rows import as_ids, check_id_range, take
 from ._rowsparse import RowSparse
 from ._util import check_unbatched_args, is_concrete
 
@@ -82,7 +82,7 @@ def embedding_bag(
     check_unbatched_args("embedding_bag", table)
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    ids = _as_ids(ids)  # widened: `ids < n` below cannot wrap n
+    ids = as_ids(ids)  # widened: `ids < n` below cannot wrap n
     if ids.ndim == 0:
         raise ValueError("`ids` must have at least one axis (the bag axis, last), got a scalar.")
     if isinstance(table, CSR):
@@ -116,7 +116,7 @@ def embedding_bag(
         host = np.asarray(ids)
         if padding_id is not None:
             host = np.where(host == padding_id, n, host)
-        _check_id_range(host, n, "ids")
+        check_id_range(host, n, "ids")
     # Skipped ids become V: not looked up, so they get no gradient entry.
     rows = take(table, jnp.where(keep, ids, n))  # [..., L, D1..Dn]
     row_axes = (1,) * (rows.ndim - ids.ndim)

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR, csr_matrix, whole_csr
-from ._ids import coalesce_rows
+from ._rowops import coalesce_rows, fit_ids
 from ._rowsparse import RowSparse, row_sparse_array
-from ._util import as_data, check_unbatched_args, fit_ids, index_dtype, is_concrete
+from ._storage import cast_storage
+from ._util import check_unbatched_args, index_dtype, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 
@@ -28,9 +29,7 @@ def from_scipy(m: Any) -> CSR:
     """
     if not type(m).__module__.startswith("scipy.sparse"):
         raise TypeError(f"`m` must be a scipy.sparse matrix, got {type(m).__name__}.")
-    m = m.tocsr()
-    nnz = int(m.indptr[-1])  # scipy ignores entries past it (csr_matrix refuses them)
-    return csr_matrix((as_data(m.data[:nnz], host=True), m.indices[:nnz], m.indptr), shape=m.shape)
+    return csr_matrix(m)
 
 
 def to_scipy(x: Any):
@@ -122,8 +121,6 @@ def from_bcoo(m: Any, stype: str = "row_sparse") -> Any:
       RowSparse(float32[2, 2], rows=1)
     """
     from jax.experimental import sparse as jsparse
-
-    from ._storage import cast_storage
 
     if not isinstance(m, jsparse.BCOO):
         raise TypeError(f"`m` must be a jax.experimental.sparse.BCOO, got {type(m).__name__}.")

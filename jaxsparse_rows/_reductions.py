@@ -10,14 +10,14 @@ import numpy as np
 
 from ._config import log_inference
 from ._csr import CSR, whole_csr
+from ._elementwise import square
+from ._rowops import scatter_rows_xla, sum_rows_xla, zeros_rows
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
 from ._util import (
     accumulation_dtype,
     check_flag,
     check_unbatched_args,
-    segment_rows,
-    set_rows,
 )
 
 
@@ -59,14 +59,14 @@ def sum(x: Any, axis: int | None = None, keepdims: bool = False) -> jax.Array:  
         if axis == 0:
             return jnp.sum(x.data, axis=0, keepdims=keepdims)
         reduced = jnp.sum(x.data, axis=axis, keepdims=keepdims)
-        return set_rows(reduced, x.indices, x.shape[0])
+        return scatter_rows_xla(zeros_rows(x.shape[0], reduced), x.indices, reduced, False)
     x = whole_csr(x)  # the entries' rows and columns place them
     dtype = jnp.sum(x.data[:0]).dtype  # jnp.sum's result dtype (int8 sums to int32)
     data = x.data.astype(accumulation_dtype(dtype))  # and its float32 sums of halves
     if axis == 0:
-        out = segment_rows(data, x.indices, x.shape[1]).astype(dtype)
+        out = sum_rows_xla(data, x.indices, x.shape[1]).astype(dtype)
         return out[None] if keepdims else out
-    out = segment_rows(data, x.row_ids(), x.shape[0], indices_are_sorted=True).astype(dtype)
+    out = sum_rows_xla(data, x.row_ids(), x.shape[0], ids_sorted=True).astype(dtype)
     return out[:, None] if keepdims else out
 
 
@@ -93,8 +93,6 @@ def square_sum(x: Any, axis: int | None = 1, keepdims: bool = True) -> Any:
         shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
         return RowSparse._make(data, x.indices, shape)
     if isinstance(x, RowSparse | CSR):
-        from ._elementwise import square
-
         return sum(square(x), axis=axis, keepdims=keepdims)
     return jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims)
 

@@ -10,11 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ._ids import slots_in, unique_rows
+from ._arraybase import SparseArray
+from ._csr import CSR
 from ._limits import check_table_rows
-from ._operators import SparseOperators
-from ._row_moves import gather_rows as gather_any_rows
-from ._row_moves import gather_sorted_rows
+from ._rowops import gather_rows, slots_in, unique_rows, zeros_rows
 from ._rowsparse import RowSparse
 from ._util import (
     as_int_array,
@@ -23,11 +22,10 @@ from ._util import (
     check_unbatched_args,
     index_dtype,
     is_concrete,
-    zeros_rows,
 )
 
 
-def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
+def as_ids(ids: Any, name: str = "ids") -> jax.Array:
     """``ids`` as an integer array at least as wide as the index dtype, so that
     comparing them with the row count cannot wrap it (int8 ids against V = 300)."""
     ids = as_int_array(ids, name)
@@ -36,19 +34,19 @@ def _as_ids(ids: Any, name: str = "ids") -> jax.Array:
     return ids
 
 
-def _id_range_message(name: str, n_rows: int) -> str:
+def id_range_message(name: str, n_rows: int) -> str:
     """What ids must be: in ``[0, n_rows)``, or ``n_rows`` (the padding id)."""
     return f"`{name}` must lie in [0, {n_rows}) (or equal {n_rows}, the padding id)"
 
 
-def _check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
+def check_id_range(ids: jax.Array, n_rows: int, name: str) -> None:
     """Concrete ids must lie in ``[0, n_rows]`` (``n_rows`` is the padding id)."""
     if not is_concrete(ids) or ids.size == 0:
         return
     arr = np.asarray(ids)
     bad = (arr < 0) | (arr > n_rows)
     if np.any(bad):
-        raise ValueError(f"{_id_range_message(name, n_rows)}, got {int(arr[bad][0])}.")
+        raise ValueError(f"{id_range_message(name, n_rows)}, got {int(arr[bad][0])}.")
 
 
 def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowSparse:
@@ -87,7 +85,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
       Array([[2., 3.],
              [8., 9.]], dtype=float32)
     """
-    if isinstance(table, SparseOperators):
+    if isinstance(table, SparseArray):
         raise TypeError(
             f"`table` must be a dense [V, ...] array, got {table!r}. A RowSparse table "
             "usually means the updates were applied to the view rather than the "
@@ -99,11 +97,11 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     if table.ndim < 1:
         raise ValueError(f"`table` must be at least 1-D ([V, ...]), got a scalar {table!r}.")
     check_table_rows(table, "table")
-    ids = _as_ids(ids)
+    ids = as_ids(ids)
     n = table.shape[0]
     flat = ids.reshape(-1)
     cap = flat.shape[0] if size is None else check_static_int(size, "size")
-    _check_id_range(flat, n, "ids")
+    check_id_range(flat, n, "ids")
     uniq, count = unique_rows(flat, n, cap)
     # At most min(ids.size, V) distinct rows: a capacity that large cannot
     # overflow, so no check is emitted (see capacity_check for its cost).
@@ -116,7 +114,7 @@ def pull_rows(table: ArrayLike, ids: ArrayLike, size: int | None = None) -> RowS
     if n == 0:
         data = zeros_rows(cap, table)
     else:
-        data = gather_sorted_rows(table, uniq)
+        data = gather_rows(table, uniq, ids_sorted=True)
     return RowSparse._make(data, uniq, table.shape)
 
 
@@ -136,7 +134,7 @@ def _missing_message(name: str, missing: Any, n_missing: int) -> str:
     )
 
 
-def _check_stored(x: RowSparse, ids: jax.Array, name: str) -> None:
+def check_stored(x: RowSparse, ids: jax.Array, name: str) -> None:
     """Concrete ids in ``[0, V)`` must be among the rows ``x`` stores."""
     if not is_concrete(ids, x.indices) or ids.size == 0:
         return
@@ -192,25 +190,23 @@ def take(x: Any, ids: ArrayLike, *, missing: str = "error") -> jax.Array:
     if missing not in ("error", "zero"):
         raise ValueError(f'`missing` must be "error" or "zero", got {missing!r}.')
     check_unbatched_args("take", x)
-    ids = _as_ids(ids)
+    ids = as_ids(ids)
     if isinstance(x, RowSparse):
-        _check_id_range(ids, x.shape[0], "ids")
+        check_id_range(ids, x.shape[0], "ids")
         if missing == "error":
-            _check_stored(x, ids, "ids")
+            check_stored(x, ids, "ids")
         # The gather primitive: on CPU its transpose (the gradient with
         # respect to `x.data`) is the native sum of rows into [K, D].
         slots = lookup_slots(x, ids.reshape(-1))
-        return gather_any_rows(x.data, slots).reshape(tuple(ids.shape) + x.shape[1:])
-    from ._csr import CSR
-
+        return gather_rows(x.data, slots).reshape(tuple(ids.shape) + x.shape[1:])
     if isinstance(x, CSR):
         raise TypeError("`take` needs a RowSparse or dense `x`; use `x[a:b]` to slice CSR rows.")
     x = jnp.asarray(x)
     if x.ndim == 0:
         raise ValueError("`x` must be at least 1-D (rows first), got a scalar.")
     check_table_rows(x, "x")
-    _check_id_range(ids, x.shape[0], "ids")
-    return gather_any_rows(x, ids)
+    check_id_range(ids, x.shape[0], "ids")
+    return gather_rows(x, ids)
 
 
 def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
@@ -232,8 +228,8 @@ def retain(x: RowSparse, rows: ArrayLike) -> RowSparse:
     check_unbatched_args("retain", x)
     if not isinstance(x, RowSparse):
         raise TypeError(f"`x` must be a RowSparse, got {type(x).__name__}.")
-    rows = _as_ids(rows, "rows").reshape(-1)
+    rows = as_ids(rows, "rows").reshape(-1)
     n = x.shape[0]
-    _check_id_range(rows, n, "rows")
+    check_id_range(rows, n, "rows")
     uniq, _ = unique_rows(rows, n, rows.shape[0])
     return RowSparse._make(take(x, uniq, missing="zero"), uniq, x.shape)

@@ -12,8 +12,9 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
+from ._arraybase import SparseArray
 from ._limits import check_table_rows
-from ._operators import SparseOperators
+from ._rowops import gather_rows_xla, scatter_rows_xla, sum_rows_xla, zeros_rows
 from ._util import (
     as_data,
     as_int_array,
@@ -24,15 +25,11 @@ from ._util import (
     check_unbatched,
     check_unbatched_args,
     check_unflattened_ids,
-    gather_rows,
     index_dtype,
     is_concrete,
     is_shape_tuple,
-    segment_rows,
-    set_rows,
     shape_str,
     stacked_repr,
-    zeros_rows,
 )
 
 
@@ -74,7 +71,7 @@ def host_dense(x: Any) -> np.ndarray:
     return out
 
 
-def _as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int, ...]:
+def as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int, ...]:
     """Validates a static shape; its first ``index_dims`` sizes must fit the
     index dtype, because ids and the padding id (equal to that size) are
     stored in it."""
@@ -98,7 +95,7 @@ def _as_shape(shape: Any, name: str = "shape", index_dims: int = 1) -> tuple[int
     return out
 
 
-def _as_index_array(indices: Any, name: str = "indices", *, host: bool = False) -> Any:
+def as_index_array(indices: Any, name: str = "indices", *, host: bool = False) -> Any:
     return as_int_array(indices, name, index_dtype(), host=host)
 
 
@@ -152,7 +149,7 @@ def validate_row_indices(indices: np.ndarray, n_rows: int, name: str = "indices"
 
 
 @jax.tree_util.register_pytree_with_keys_class
-class RowSparse(SparseOperators):
+class RowSparse(SparseArray):
     """A ``[N, D1, ..., Dn]`` array stored as its non-zero rows.
 
     ``dense[indices[i]] = data[i]`` for every real slot ``i``; all other rows are
@@ -193,13 +190,13 @@ class RowSparse(SparseOperators):
     shape: tuple[int, ...]
 
     def __init__(self, data: ArrayLike, indices: ArrayLike, shape: Sequence[int]):
-        shape = _as_shape(shape)
+        shape = as_shape(shape)
         if len(shape) < 1:
             raise ValueError("`shape` must have at least one dimension (the rows), got ().")
         # Host input stays numpy until validated: under jit, jnp.asarray would
         # turn it into a tracer whose values could not be checked.
         data = as_data(data, host=True)
-        indices = _as_index_array(indices, host=True)
+        indices = as_index_array(indices, host=True)
         if data.ndim != len(shape):
             raise ValueError(
                 f"`data` must have ndim == len(shape) = {len(shape)} ([k, D1..Dn]), got "
@@ -318,7 +315,8 @@ class RowSparse(SparseOperators):
                  [0, 0]], dtype=int32)
         """
         check_unbatched(self, "todense")
-        return set_rows(self.data, self.indices, self.shape[0])
+        zeros = zeros_rows(self.shape[0], self.data)
+        return scatter_rows_xla(zeros, self.indices, self.data, False)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return dense_numpy(self, dtype, copy)
@@ -334,18 +332,6 @@ class RowSparse(SparseOperators):
     def copy(self) -> RowSparse:
         """A new RowSparse with copied buffers."""
         return RowSparse._make(jnp.array(self.data), jnp.array(self.indices), self.shape)
-
-    def tostype(self, stype: str) -> Any:
-        """Converts to ``"default"`` (dense), ``"row_sparse"`` or ``"csr"`` storage."""
-        from ._storage import cast_storage
-
-        return cast_storage(self, stype)
-
-    def to_scipy(self):
-        """A ``scipy.sparse.csr_matrix`` (2-D only; needs scipy)."""
-        from ._interop import to_scipy
-
-        return to_scipy(self)
 
     def with_capacity(self, capacity: int) -> RowSparse:
         """Re-pads to ``capacity`` slots; shrinking below the real rows is an error
@@ -418,8 +404,27 @@ class RowSparse(SparseOperators):
                 jnp.sum(mask) <= max_rows,
                 f"RowSparse.fromdense: `x` has more non-zero rows than `max_rows` = {max_rows}.",
             )
-        data = gather_rows(x, idx)
+        data = gather_rows_xla(x, idx)
         return cls._make(data, idx, x.shape)
+
+
+def shape_arg(arg: tuple[int, ...], shape: Any) -> tuple[int, ...]:
+    """The shape of the shape-only constructor form (``row_sparse_array((N, D))``,
+    ``csr_matrix((M, N))``); a ``shape`` given too must agree."""
+    if shape is not None and as_shape(shape) != tuple(int(d) for d in arg):
+        raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
+    return tuple(int(d) for d in arg)
+
+
+def empty_rowsparse(shape: Sequence[int], dtype: Any = jnp.float32) -> RowSparse:
+    """An all-zero RowSparse of ``shape`` with no row slots."""
+    shape = as_shape(shape)
+    if len(shape) < 1:
+        raise ValueError("`shape` must have at least one dimension for row_sparse, got ().")
+    dtype = jnp.dtype(dtype)
+    return RowSparse._make(
+        jnp.zeros((0,) + shape[1:], dtype), jnp.zeros((0,), index_dtype()), shape
+    )
 
 
 def row_sparse_array(
@@ -454,41 +459,35 @@ def row_sparse_array(
       RowSparse(float32[4, 2], rows=0)
     """
     if is_shape_tuple(arg):
-        from ._storage import empty_from_shape
-
-        return empty_from_shape("row_sparse", arg, shape, dtype)
+        return empty_rowsparse(shape_arg(arg, shape), jnp.float32 if dtype is None else dtype)
     if isinstance(arg, RowSparse):
-        if shape is not None and _as_shape(shape) != arg.shape:
+        if shape is not None and as_shape(shape) != arg.shape:
             raise ValueError(
                 f"`shape` {tuple(shape)} does not match the RowSparse's shape {arg.shape}."
             )
         return arg.astype(dtype) if dtype is not None else arg
     if not isinstance(arg, tuple):
-        from ._csr import CSR
-
-        if isinstance(arg, CSR):
-            from ._storage import cast_storage
-
-            out = cast_storage(arg, "row_sparse")
+        if isinstance(arg, SparseArray):  # a CSR
+            out = arg.tostype("row_sparse")
             return out.astype(dtype) if dtype is not None else out
         if isinstance(arg, list) and dtype is None:
             dtype = jnp.float32  # MXNet: Python lists default to float32
         out = RowSparse.fromdense(as_data(arg, dtype))
-        if shape is not None and _as_shape(shape) != out.shape:
+        if shape is not None and as_shape(shape) != out.shape:
             raise ValueError(f"`shape` {tuple(shape)} does not match the array's {out.shape}.")
         return out
     if len(arg) != 2:
         raise ValueError(f"`arg` must be a (data, indices) pair, got a tuple of {len(arg)}.")
     if shape is None:
         raise ValueError("`shape` is required when creating a RowSparse from (data, indices).")
-    shape = _as_shape(shape)
+    shape = as_shape(shape)
     if len(shape) < 1:
         raise ValueError("`shape` must have at least one dimension (the rows), got ().")
     data, indices = arg
     if isinstance(data, list | tuple) and dtype is None:
         dtype = jnp.float32  # MXNet: Python lists default to float32
     data = as_data(data, dtype)
-    idx = _as_index_array(indices)
+    idx = as_index_array(indices)
     if data.ndim == len(shape) - 1 and idx.shape == (1,):
         data = data[None]
     if data.size == 0 and data.ndim == 1 and idx.shape == (0,):  # ([], []): no rows
@@ -523,7 +522,8 @@ def row_sparse_array(
         summed = np.zeros((len(uniq),) + tuple(data.shape[1:]), data.dtype)
         np.add.at(summed, inverse, np.asarray(data))
         return RowSparse(jnp.asarray(summed), jnp.asarray(uniq.astype(index_dtype())), shape)
-    summed = segment_rows(data, jnp.asarray(inverse.reshape(-1).astype(index_dtype())), len(uniq))
+    ids = jnp.asarray(inverse.reshape(-1).astype(index_dtype()))
+    summed = sum_rows_xla(data, ids, len(uniq))
     return RowSparse(summed.astype(data.dtype), jnp.asarray(uniq.astype(index_dtype())), shape)
 
 

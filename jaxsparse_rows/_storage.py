@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._config import log_inference, warn_fallback
-from ._csr import CSR, csr_row_ids, whole_csr
+from ._csr import CSR, csr_row_ids, empty_csr, whole_csr
 from ._limits import check_table_rows
-from ._rowsparse import RowSparse, _as_shape
+from ._rowsparse import RowSparse, as_shape, empty_rowsparse
 from ._util import check_unbatched_args, index_dtype, is_concrete
 
 STYPES = ("default", "row_sparse", "csr")
@@ -64,14 +63,6 @@ def _check_stype(stype_: str) -> str:
     return stype_
 
 
-def empty_from_shape(stype: str, arg: tuple[int, ...], shape: Any, dtype: Any) -> Any:
-    """The shape-only constructor form (``csr_matrix((M, N))``): :func:`zeros`
-    of shape ``arg``, float32 unless ``dtype``; a ``shape`` given too must agree."""
-    if shape is not None and _as_shape(shape) != tuple(int(d) for d in arg):
-        raise ValueError(f"`shape` {tuple(shape)} does not match the shape `arg` {arg}.")
-    return zeros(stype, arg, jnp.float32 if dtype is None else dtype)
-
-
 def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
     """An all-zero array of the given storage type, with zero capacity.
 
@@ -83,20 +74,11 @@ def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
       CSR(float16[3, 4], nnz=0)
     """
     stype = _check_stype(stype)
-    shape = _as_shape(shape, index_dims={"default": 0, "row_sparse": 1}.get(stype, 2))
-    dtype = jnp.dtype(dtype)
-    idt = index_dtype()
-    if stype == "default":
-        return jnp.zeros(shape, dtype)
     if stype == "row_sparse":
-        if len(shape) < 1:
-            raise ValueError("`shape` must have at least one dimension for row_sparse, got ().")
-        return RowSparse._make(jnp.zeros((0,) + shape[1:], dtype), jnp.zeros((0,), idt), shape)
-    if len(shape) != 2:
-        raise ValueError(f"`shape` must be 2-D for csr, got {shape}.")
-    return CSR._make(
-        jnp.zeros((0,), dtype), jnp.zeros((0,), idt), jnp.zeros((shape[0] + 1,), idt), shape
-    )
+        return empty_rowsparse(shape, dtype)
+    if stype == "csr":
+        return empty_csr(shape, dtype)
+    return jnp.zeros(as_shape(shape, index_dims=0), jnp.dtype(dtype))
 
 
 def _rowsparse_to_csr(x: RowSparse) -> CSR:
@@ -229,15 +211,3 @@ def apply_dense(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if any(s != "default" for s in stypes):
         warn_fallback(getattr(fn, "__name__", repr(fn)), stypes)
     return fn(*(todense(a) for a in args), **kwargs)
-
-
-def to_dense_tree(tree: Any) -> Any:
-    """Densifies every RowSparse / CSR leaf of a pytree."""
-    return jax.tree.map(todense, tree, is_leaf=is_sparse)
-
-
-def asarray_or_sparse(x: Any) -> Any:
-    """``jnp.asarray`` for dense-like input; sparse arrays pass through."""
-    if is_sparse(x):
-        return x
-    return x if isinstance(x, jax.Array) else jnp.asarray(np.asarray(x))

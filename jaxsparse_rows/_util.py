@@ -282,52 +282,6 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False, name: str = "da
     return jnp.asarray(data, dtype=dtype)
 
 
-def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Segment id of each element of a sorted array and a mask of segment starts."""
-    m = sorted_keys.shape[0]
-    if m == 0:
-        return jnp.zeros((0,), index_dtype()), jnp.zeros((0,), bool)
-    starts = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
-    seg = jnp.cumsum(starts.astype(index_dtype())) - 1
-    return seg, starts
-
-
-def fit_ids(ids: jax.Array, n: int) -> jax.Array:
-    """64-bit ``ids`` clipped to ``[-1, n]`` (``[0, n]`` if unsigned), as int32
-    where ``n`` fits; other ids unchanged. Ids in ``[0, n)`` keep their value,
-    the others stay out of range, and the order is kept (sorted ids stay
-    sorted, for ``indices_are_sorted``).
-
-    XLA's CPU gather and scatter keep only the low 32 bits of a 64-bit index
-    (``jnp.arange(10).at[2**32 + 1].get(mode="fill")`` reads element 1), so an
-    out-of-range int64 id would read or write a real row. Every gather or
-    scatter at user-given ids goes through this first.
-    """
-    if jnp.dtype(ids.dtype).itemsize <= 4:
-        return ids
-    low = -1 if jnp.issubdtype(ids.dtype, jnp.signedinteger) else 0
-    fitted = jnp.clip(ids, low, n)
-    return fitted.astype(jnp.int32) if n < np.iinfo(np.int32).max else fitted
-
-
-def gather_rows(x: jax.Array, rows: jax.Array, *, indices_are_sorted: bool = False) -> jax.Array:
-    """``x[rows]`` along axis 0 with out-of-range rows (negative ones too) reading zero.
-
-    Works when ``x`` has no rows at all (XLA rejects a gather from an empty axis).
-    """
-    x = jnp.asarray(x)
-    if x.shape[0] == 0:
-        return jnp.zeros(tuple(rows.shape) + tuple(x.shape[1:]), x.dtype)
-    rows = fit_ids(rows, x.shape[0])
-    return x.at[rows].get(
-        mode="fill",
-        fill_value=0,
-        wrap_negative_indices=False,
-        indices_are_sorted=indices_are_sorted,
-        **gathered_sharding(x, rows),
-    )
-
-
 @functools.cache
 def _jitted_bind(prim: Any, params: tuple) -> Any:
     return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
@@ -358,20 +312,6 @@ def replicated(x: jax.Array) -> jax.Array:
     return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
 
 
-def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
-    """Zeros ``[n, *like.shape[1:]]`` (``like``'s dtype unless given) to scatter
-    rows of ``like`` into. Where ``like`` is sharded over explicit mesh axes
-    along its trailing axes, the zeros are too (replicated along the rows),
-    so that the scatter's operand and updates agree."""
-    shape = (int(n),) + tuple(like.shape[1:])
-    dtype = like.dtype if dtype is None else dtype
-    spec = explicit_spec(like)
-    if spec is None or all(a is None for a in tuple(spec)[1:]):
-        return jnp.zeros(shape, dtype)
-    tail = tuple(spec)[1:] + (None,) * (len(shape) - len(spec))
-    return jnp.zeros(shape, dtype, out_sharding=jax.sharding.PartitionSpec(None, *tail))
-
-
 def accumulation_dtype(dtype: Any) -> np.dtype:
     """The dtype sums of ``dtype`` run in: float32 for float16 and bfloat16
     (as ``jnp.sum`` and ``jnp.dot`` accumulate them; a bfloat16 running sum of
@@ -380,42 +320,6 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
     if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
         return jnp.dtype(jnp.float32)
     return dtype
-
-
-def segment_rows(data: jax.Array, ids: jax.Array, n: int, **kw: Any) -> jax.Array:
-    """``jax.ops.segment_sum(data, ids, n)`` (ids outside ``[0, n)`` dropped)
-    into :func:`zeros_rows`, so explicitly sharded rows keep their sharding."""
-    return (
-        zeros_rows(n, data)
-        .at[fit_ids(ids, n)]
-        .add(data, mode="drop", wrap_negative_indices=False, **kw)
-    )
-
-
-def set_rows(data: jax.Array, ids: jax.Array, n: int) -> jax.Array:
-    """``data``'s rows written at the sorted unique ``ids`` (a RowSparse's)
-    into :func:`zeros_rows` ``[n, ...]``; ids outside ``[0, n)`` dropped."""
-    return (
-        zeros_rows(n, data)
-        .at[fit_ids(ids, n)]
-        .set(data, mode="drop", wrap_negative_indices=False, **ROWSPARSE_INDEXING)
-    )
-
-
-def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
-    """``out_sharding`` for ``x[rows]`` where ``x`` or ``rows`` is explicitly
-    sharded (JAX cannot resolve it alone): the rows' own sharding along their
-    axes (else replicated), then ``x``'s along the row's axes; ``{}``
-    otherwise."""
-    spec, rows_spec = explicit_spec(x), explicit_spec(rows)
-    if spec is None and rows_spec is None:
-        return {}
-    spec = tuple(spec or (None,))
-    tail = tuple(spec[1:]) + (None,) * (x.ndim - 1 - len(spec[1:]))
-    used = {a for a in tail if a is not None}
-    head = tuple(rows_spec or ()) + (None,) * rows.ndim
-    head = tuple(None if a in used else a for a in head[: rows.ndim])
-    return {"out_sharding": jax.sharding.PartitionSpec(*head, *tail)}
 
 
 def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:

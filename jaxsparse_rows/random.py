@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._csr import CSR
-from ._rowsparse import RowSparse, _as_shape
+from ._rowsparse import RowSparse, as_shape
 from ._util import check_static_int, index_dtype, is_concrete
 
 __all__ = ["csr", "row_sparse"]
@@ -40,7 +40,7 @@ def _real_scalar(value: Any, name: str, expected: str) -> float:
     return float(arr)
 
 
-def _check_density(density: Any) -> float:
+def check_density(density: Any) -> float:
     value = _real_scalar(density, "density", "a number in [0, 1]")
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"`density` must lie in [0, 1], got {density!r}.")
@@ -184,10 +184,10 @@ def csr(
       (CSR(float32[1000, 100], nnz=1000), 1000)
     """
     rng = _host_rng(key)
-    shape = _as_shape(shape, index_dims=2)
+    shape = as_shape(shape, index_dims=2)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D (M, K) for a CSR, got {shape}.")
-    density = _check_density(density)
+    density = check_density(density)
     dtype = _check_float(dtype, "csr")
     minval, maxval = _check_range(minval, maxval, dtype)
     m, n = shape
@@ -237,10 +237,10 @@ def row_sparse(
       (RowSparse(float32[10, 3], rows=3, capacity=4), (4, 3))
     """
     rng = _host_rng(key)
-    shape = _as_shape(shape)
+    shape = as_shape(shape)
     if len(shape) < 1:
         raise ValueError("`shape` must have at least one dimension (the rows), got ().")
-    density = _check_density(density)
+    density = check_density(density)
     dtype = _check_float(dtype, "row_sparse")
     minval, maxval = _check_range(minval, maxval, dtype)
     n = shape[0]

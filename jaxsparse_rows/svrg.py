@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ._ids import coalesce_rows
-from ._row_moves import gather_sorted_rows, scatter_sorted_rows
+from ._rowops import coalesce_rows, gather_rows, scatter_rows
 from ._rowsparse import RowSparse
 from ._util import check_static_int
+from .optim import apply_updates
 from .optim._tree import check_dense_params
 
 __all__ = [
@@ -157,7 +157,7 @@ def _accumulate(acc: Any, grads: Any, weight: jax.Array) -> Any:
     def leaf(a, g):
         if _is_rsp(g):
             rows = (weight * g.data).astype(a.dtype)
-            return scatter_sorted_rows(a, g.indices, rows, add=True)
+            return scatter_rows(a, g.indices, rows, add=True)
         return a + (weight * g).astype(a.dtype)
 
     return jax.tree.map(leaf, acc, grads, is_leaf=_is_rsp)
@@ -226,13 +226,13 @@ def _correct_leaf(gw: Any, gs: Any, mu: jax.Array, lazy: bool) -> Any:
         )
     dtype = gw.dtype
     if not lazy:
-        out = scatter_sorted_rows(mu.astype(dtype), gw.indices, gw.data, add=True)
-        return scatter_sorted_rows(out, gs.indices, -gs.data, add=True)
+        out = scatter_rows(mu.astype(dtype), gw.indices, gw.data, add=True)
+        return scatter_rows(out, gs.indices, -gs.data, add=True)
     n = gw.shape[0]
     ids = jnp.concatenate([gw.indices, gs.indices])
     data = jnp.concatenate([gw.data, -gs.data.astype(dtype)])
     idx, diff, _ = coalesce_rows(ids, data, n, gw.capacity + gs.capacity)
-    rows = gather_sorted_rows(mu, idx).astype(dtype)
+    rows = gather_rows(mu, idx, ids_sorted=True).astype(dtype)
     return RowSparse._make(diff + rows, idx, gw.shape)
 
 
@@ -350,8 +350,6 @@ def make_step(
       >>> w
       Array(2., dtype=float32)
     """
-    from .optim import apply_updates
-
     _check_optimizer(optimizer)
 
     def step(params, state, batch):

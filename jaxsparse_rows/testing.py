@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._csr import CSR, _validate_csr
-from ._rowsparse import RowSparse, _as_shape, validate_padding_data, validate_row_indices
+from ._csr import CSR, validate_csr
+from ._rowsparse import RowSparse, as_shape, validate_padding_data, validate_row_indices
 from ._storage import stype as _stype
 from ._util import check_static_int, index_dtype
-from .random import _check_density
+from .random import check_density
 
 __all__ = [
     "assert_allclose",
@@ -73,7 +73,7 @@ def _check_rng(rng: Any) -> np.random.Generator:
 def _check_shape(shape: Any, index_dims: int = 0, ndim: int | None = None) -> tuple[int, ...]:
     """A tuple of ints >= 0 with at least ``index_dims`` dimensions (exactly
     ``ndim`` if given); errors name `shape`."""
-    out = _as_shape(shape, index_dims=index_dims)
+    out = as_shape(shape, index_dims=index_dims)
     if ndim is not None and len(out) != ndim:
         raise ValueError(f"`shape` must be {ndim}-D, got {shape!r}.")
     if len(out) < index_dims:
@@ -201,7 +201,7 @@ def random_csr(
     """
     rng = _check_rng(rng)
     m, k = _check_shape(shape, index_dims=2, ndim=2)
-    density = _check_density(density)
+    density = check_density(density)
     nse = None if nse is None else check_static_int(nse, "nse")
     mask = rng.random((m, k)) < density
     rows, cols = np.nonzero(mask)
@@ -320,6 +320,6 @@ def assert_valid(x: Any) -> None:
             n_real = validate_row_indices(np.asarray(x.indices), x.shape[0])
             validate_padding_data(data, n_real, x.shape[0])
         else:
-            _validate_csr(data, np.asarray(x.indices), np.asarray(x.indptr), x.shape)
+            validate_csr(data, np.asarray(x.indices), np.asarray(x.indptr), x.shape)
     except ValueError as e:
         raise AssertionError(str(e)) from None

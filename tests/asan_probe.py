@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import _ids, _native
-from jaxsparse_rows._gather_prim import sum_rows
-from jaxsparse_rows._row_moves import gather_rows, scatter_sorted_rows
+from jaxsparse_rows import _native, _rowops
+from jaxsparse_rows._rowops import gather_rows, scatter_rows, sum_rows
 
 rng = np.random.default_rng(0)
 
@@ -39,7 +38,7 @@ def ids_kernels(x64: bool) -> None:
 
     def uniques(all_ids):
         return [
-            (_ids.unique_with_slots(i, r, c), _ids._unique_with_slots_xla(i, r, c))
+            (_rowops.unique_with_slots(i, r, c), _rowops._unique_with_slots_xla(i, r, c))
             for i, (r, c) in zip(all_ids, cases, strict=True)
         ]
 
@@ -54,7 +53,7 @@ def ids_kernels(x64: bool) -> None:
             q = rng.integers(info.min, info.max, m, dtype=dt, endpoint=True)
             q[::2] = s[rng.integers(0, k, len(q[::2]))]
             pairs.append((s, q))
-    searches = jax.jit(lambda ps: [_ids.slots_in(a, b, int(info.max)) for a, b in ps])(pairs)
+    searches = jax.jit(lambda ps: [_rowops.slots_in(a, b, int(info.max)) for a, b in ps])(pairs)
     for (s, _), got in zip(pairs, searches, strict=True):
         got = np.asarray(got)
         assert got.min() >= 0 and got.max() <= len(s), (got.min(), got.max(), len(s))
@@ -69,7 +68,7 @@ def row_kernels() -> None:
         jax.block_until_ready(jax.jit(gather_rows)(table, ids))
         for add in (False, True):
             for order in (ids, np.sort(ids)):  # malformed: unsorted, repeated, out of range
-                fn = jax.jit(lambda t, i, r, a=add: scatter_sorted_rows(t, i, r, add=a))
+                fn = jax.jit(lambda t, i, r, a=add: scatter_rows(t, i, r, add=a))
                 jax.block_until_ready(fn(table, order, rows))
     # the sum of rows (the gather's transpose): any order, extreme ids, row
     # widths that are not whole cache lines, the column-split threaded path

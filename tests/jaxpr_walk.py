@@ -8,7 +8,7 @@ the library's primitives that stand for two programs chosen when lowered:
 - ``jsr_kernel_call`` (``_kernel_call.on_cpu``): both its native form (the FFI
   call run on CPU) and its XLA twin (what runs on GPU and in exported
   programs), each traced as its own program;
-- ``jsr_gather_rows`` / ``jsr_sum_rows`` (``_gather_prim``): the primitive (the
+- ``jsr_gather_rows`` / ``jsr_sum_rows`` (``_rowops``): the primitive (the
   native kernel) and its XLA reference lowering.
 
 So a ``[V, ...]`` temporary in either form of a kernel is seen whatever the
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import jax
 from jax.extend import core as jex_core
 
-from jaxsparse_rows import _gather_prim
+from jaxsparse_rows import _rowops
 
 
 def _param_jaxprs(eqn) -> Iterator[jex_core.Jaxpr]:
@@ -50,11 +50,11 @@ def _twin_jaxprs(eqn) -> Iterator[jex_core.Jaxpr]:
         for fn in (params["native"], params["xla"]):
             yield _trace(functools.partial(fn, **static), eqn)
     elif name == "jsr_gather_rows":
-        ref = functools.partial(_gather_prim._gather_ref, ids_sorted=params["ids_sorted"])
+        ref = functools.partial(_rowops.gather_rows_xla, ids_sorted=params["ids_sorted"])
         yield _trace(ref, eqn)
     elif name == "jsr_sum_rows":
         ref = functools.partial(
-            _gather_prim._sum_ref, n=params["n"], ids_sorted=params["ids_sorted"]
+            _rowops.sum_rows_xla, n=params["n"], ids_sorted=params["ids_sorted"]
         )
         yield _trace(ref, eqn)
 

@@ -42,6 +42,7 @@ BLOCK_COUNTS = {
     "optimizers.md": 6,
     "training.md": 6,
     "benchmarks.md": 1,
+    "models.md": 3,
 }
 
 # Fence languages the docs may use; anything else (```py, ```pycon, ...) would
@@ -555,6 +556,31 @@ def _(ns, shown):
     assert isinstance(ns["step"], jax.stages.Compiled)  # compiled before the arrays
     params, state = ns["step"](ns["params"], ns["state"], ns["ids"], ns["y"])
     assert int(optax.tree_utils.tree_get(state, "count")) == 2
+
+
+@check("models.md", 2)
+def _(ns, shown):
+    params, ids, y, loss_fn = ns["params"], ns["ids"], ns["y"], ns["loss_fn"]
+    g = ns["grads"]
+    assert repr(shown['grads["emb"]']) == "RowSparse(float32[10000, 16], rows=4, capacity=6)"
+    assert shown['grads["w"].shape'] == (16,)
+    dense = jax.grad(loss_fn)(params, ids, y)  # "the values of jax.grad's dense gradient"
+    np.testing.assert_allclose(g["emb"].todense(), dense["emb"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g["w"], dense["w"], rtol=1e-5)
+    # "moves rows 3, 7, 42 and 9999 only": one more step, from a copy of the params
+    before = jax.tree.map(jnp.copy, params)
+    after, _, _ = ns["step"](jax.tree.map(jnp.copy, params), ns["state"], ids, y)
+    moved = np.nonzero(np.any(np.asarray(after["emb"] != before["emb"]), axis=1))[0]
+    np.testing.assert_array_equal(moved, [3, 7, 42, 9999])
+
+
+@check("models.md", 3)
+def _(ns, shown):
+    assert shown['jsr.stype(grads["emb"])'] == "default"
+    message = ns["message"]
+    assert "`params['emb']`" in message and "`transpose`" in message
+    grads = ns["grads"]  # by_size marks "emb" only
+    assert isinstance(grads["emb"], jsr.RowSparse) and not isinstance(grads["w"], jsr.RowSparse)
 
 
 @check("benchmarks.md", 1)

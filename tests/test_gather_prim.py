@@ -18,7 +18,7 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
-from jaxsparse_rows._gather_prim import gather, sum_rows
+from jaxsparse_rows._rowops import gather_rows, sum_rows
 
 GATHER = _native.GATHER_ROWS_TARGET
 SUM = _native.SUM_ROWS_TARGET
@@ -79,7 +79,7 @@ def test_gather_and_sum_match_numpy(n, k, row, dtype, idtype, sorted_ids, on, se
         jt, ji, jr = jnp.asarray(table), jnp.asarray(ids), jnp.asarray(rows)
         want_g = _gather_oracle(table, ids)
         want_s = _sum_oracle(rows, ids, n)
-        gfn = lambda t, i: gather(t, i, ids_sorted=sorted_ids)  # noqa: E731
+        gfn = lambda t, i: gather_rows(t, i, ids_sorted=sorted_ids)  # noqa: E731
         sfn = lambda r, i: sum_rows(r, i, n, ids_sorted=sorted_ids)  # noqa: E731
         for wrap in (lambda f: f, jax.jit):
             got = wrap(gfn)(jt, ji)
@@ -118,14 +118,14 @@ def test_kernels_lower_where_they_apply():
     kernels leave no custom call."""
     t, i = jnp.ones((5, 2)), jnp.array([3, 0, 3])
     with kernels_set(True):
-        assert GATHER in _hlo(gather, t, i)
+        assert GATHER in _hlo(gather_rows, t, i)
         assert SUM in _hlo(lambda r, i: sum_rows(r, i, 5), t[:3], i)
-        assert GATHER in _hlo(gather, t.astype(jnp.int32), i)
+        assert GATHER in _hlo(gather_rows, t.astype(jnp.int32), i)
         assert SUM not in _hlo(lambda r, i: sum_rows(r, i, 5), t[:3].astype(jnp.int32), i)
-        assert GATHER not in _hlo(gather, t, i[:0])
+        assert GATHER not in _hlo(gather_rows, t, i[:0])
         assert SUM not in _hlo(lambda r, i: sum_rows(r, i, 0), t[:3], i)
     with kernels_set(False):
-        assert GATHER not in _hlo(gather, t, i)
+        assert GATHER not in _hlo(gather_rows, t, i)
         assert SUM not in _hlo(lambda r, i: sum_rows(r, i, 5), t[:3], i)
 
 
@@ -138,18 +138,18 @@ def test_derivatives_of_both_primitives(rng, on):
     rows = jnp.asarray(rng.standard_normal((7, 3)).astype(np.float32))
     ids = jnp.array([4, 1, 4, 9, -1, 0, 4], jnp.int32)
     with kernels_set(on):
-        jax.test_util.check_grads(lambda t: jnp.sin(gather(t, ids)), (table,), 2, eps=1e-2)
+        jax.test_util.check_grads(lambda t: jnp.sin(gather_rows(t, ids)), (table,), 2, eps=1e-2)
         jax.test_util.check_grads(lambda r: jnp.sin(sum_rows(r, ids, 6)), (rows,), 2, eps=1e-2)
-        g_t = jax.linear_transpose(lambda t: gather(t, ids), table)(rows)[0]
+        g_t = jax.linear_transpose(lambda t: gather_rows(t, ids), table)(rows)[0]
         np.testing.assert_allclose(g_t, _sum_oracle(np.asarray(rows), ids, 6), rtol=1e-6)
         s_t = jax.linear_transpose(lambda r: sum_rows(r, ids, 6), rows)(table)[0]
         np.testing.assert_array_equal(s_t, _gather_oracle(np.asarray(table), ids))
         # transposing twice gives the function back
         tt = jax.linear_transpose(
-            lambda r: jax.linear_transpose(lambda t: gather(t, ids), table)(r)[0], rows
+            lambda r: jax.linear_transpose(lambda t: gather_rows(t, ids), table)(r)[0], rows
         )
-        np.testing.assert_array_equal(tt(table)[0], gather(table, ids))
-        _, vjp = jax.vjp(lambda t: gather(t, ids), table)
+        np.testing.assert_array_equal(tt(table)[0], gather_rows(table, ids))
+        _, vjp = jax.vjp(lambda t: gather_rows(t, ids), table)
         np.testing.assert_allclose(vjp(rows)[0], g_t, rtol=1e-6)
 
 
@@ -162,9 +162,9 @@ def test_vmap_of_both_primitives(rng, on):
     rows = jnp.asarray(rng.standard_normal((3, 3, 2)).astype(np.float32))
     with kernels_set(on):
         for f, axes, args in [
-            (gather, (None, 0), (tables[0], ids)),
-            (gather, (0, 0), (tables, ids)),
-            (gather, (0, None), (tables, ids[0])),
+            (gather_rows, (None, 0), (tables[0], ids)),
+            (gather_rows, (0, 0), (tables, ids)),
+            (gather_rows, (0, None), (tables, ids[0])),
             (lambda r, i: sum_rows(r, i, 6), (0, 0), (rows, ids)),
             (lambda r, i: sum_rows(r, i, 6), (None, 0), (rows[0], ids)),
             (lambda r, i: sum_rows(r, i, 6), (0, None), (rows, ids[0])),

@@ -10,7 +10,7 @@ from jax.scipy.sparse.linalg import gmres
 from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import _ids, _native
+from jaxsparse_rows import _native, _rowops
 from jaxsparse_rows._kernel_call import on_cpu
 from jaxsparse_rows._util import _jitted_bind
 
@@ -18,11 +18,13 @@ pytestmark = needs_kernels
 
 
 def _unique(ids):
-    return on_cpu(_native.unique_ids_call, _ids._unique_with_slots_xla, ids, n_rows=8, capacity=4)
+    return on_cpu(
+        _native.unique_ids_call, _rowops._unique_with_slots_xla, ids, n_rows=8, capacity=4
+    )
 
 
 def _want(ids):
-    return _ids._unique_with_slots_xla(jnp.asarray(ids), 8, 4)
+    return _rowops._unique_with_slots_xla(jnp.asarray(ids), 8, 4)
 
 
 def _same(got, want):

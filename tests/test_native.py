@@ -262,7 +262,7 @@ def test_malformed_input_is_memory_safe(cols, indptr):
 def test_missing_library_falls_back_to_xla(monkeypatch):
     """Without the built library the status says why and dot runs its XLA path."""
     monkeypatch.setattr(_native, "_status", None)
-    monkeypatch.setattr(_native, "library_path", lambda: None)
+    monkeypatch.setattr(_native._library, "library_path", lambda: None)
     assert not jsr.native_kernels_available()
     assert "not built" in _native.native_kernels_status()
     x, dense = _seed_csr()
@@ -276,15 +276,15 @@ def test_kernels_built_for_a_newer_jaxlib_are_not_registered(monkeypatch):
     """Kernels compiled against a newer jaxlib than the running one are refused
     before any handler is registered (XLA would reject their FFI version and
     fail to start its CPU backend); the status says how to rebuild them."""
-    monkeypatch.setattr(_native, "jaxlib_version", lambda: "0.4.1")
+    monkeypatch.setattr(_native._library, "jaxlib_version", lambda: "0.4.1")
     registered = []
     monkeypatch.setattr(jax.ffi, "register_ffi_target", lambda *a, **k: registered.append(a))
-    status = _native._load()
+    status = _native._library.load()
     assert status.startswith("the kernels were built against jaxlib ")
     assert "but jaxlib 0.4.1 is running" in status and "--no-build-isolation" in status
     assert registered == []
-    monkeypatch.setattr(_native, "jaxlib_version", lambda: "99.0")
-    assert _native._load() == "ok" and len(registered) == len(_native.TARGETS)
+    monkeypatch.setattr(_native._library, "jaxlib_version", lambda: "99.0")
+    assert _native._library.load() == "ok" and len(registered) == len(_native.TARGETS)
 
 
 def test_environment_variable_turns_the_kernels_off():
@@ -653,16 +653,16 @@ def test_transposed_column_count_beyond_the_index_dtype_stays_in_xla(monkeypatch
 @needs_kernels
 def test_self_test_catches_a_wrong_kernel(monkeypatch):
     """The load-time self-test passes on the real kernels and fails on wrong ones."""
-    assert _native._self_test() == "ok"
+    assert _native._selftest.self_test() == "ok"
     real = _native.csr_dense_call
-    monkeypatch.setattr(_native, "csr_dense_call", lambda *a: 2 * real(*a))
-    assert "product differed" in _native._self_test()
-    monkeypatch.setattr(_native, "csr_dense_call", real)
+    monkeypatch.setattr(_native._registry, "csr_dense_call", lambda *a: 2 * real(*a))
+    assert "product differed" in _native._selftest.self_test()
+    monkeypatch.setattr(_native._registry, "csr_dense_call", real)
     real_t = _native.csr_t_dense_call
 
     def shifted(vals, cols, rows, table, k):
         idx, data = real_t(vals, cols, rows, table, k)
         return idx, data + 1
 
-    monkeypatch.setattr(_native, "csr_t_dense_call", shifted)
-    assert "transposed product differed" in _native._self_test()
+    monkeypatch.setattr(_native._registry, "csr_t_dense_call", shifted)
+    assert "transposed product differed" in _native._selftest.self_test()

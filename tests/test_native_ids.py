@@ -1,7 +1,7 @@
 """The native CPU kernels for the id bookkeeping of ``pull_rows``, ``take``,
 lookup gradients and coalescing: the sorted unique ids of a batch with every
 id's slot, and the slots of ids in a sorted list. Equal to a numpy oracle and
-to the XLA implementations in ``_ids.py``, eagerly, under jit and vmap, for
+to the XLA implementations in ``_rowops.py``, eagerly, under jit and vmap, for
 int32 and int64 ids, with padding, ids out of range and a capacity that
 leaves ids out."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import _ids, _native
+from jaxsparse_rows import _native, _rowops
 
 UNIQUE = _native.UNIQUE_IDS_TARGET
 SEARCH = _native.SEARCH_IDS_TARGET
@@ -90,18 +90,18 @@ def test_unique_matches_oracle_and_xla(n, n_rows, distinct, capacity, x64, seed)
         want = _unique_oracle(ids_np, n_rows, capacity)
 
         def fn(i):
-            return _ids.unique_with_slots(i, n_rows, capacity)
+            return _rowops.unique_with_slots(i, n_rows, capacity)
 
         assert UNIQUE in _hlo(fn, ids)
         # the XLA path jitted: eagerly, each of its ops would compile on its own
-        xla = jax.jit(_ids._unique_with_slots_xla, static_argnums=(1, 2))(
-            ids.astype(_ids.index_dtype()), n_rows, capacity
+        xla = jax.jit(_rowops._unique_with_slots_xla, static_argnums=(1, 2))(
+            ids.astype(_rowops.index_dtype()), n_rows, capacity
         )
         for got in (fn(ids), jax.jit(fn)(ids), xla):
             for g, w in zip(got, want, strict=True):
-                assert g.dtype == _ids.index_dtype()
+                assert g.dtype == _rowops.index_dtype()
                 np.testing.assert_array_equal(g, w)
-        uniq, count = jax.jit(lambda i: _ids.unique_rows(i, n_rows, capacity))(ids)
+        uniq, count = jax.jit(lambda i: _rowops.unique_rows(i, n_rows, capacity))(ids)
         np.testing.assert_array_equal(uniq, want[0])
         assert int(count) == want[1]
 
@@ -158,7 +158,7 @@ def test_search_of_ids_sharded_over_an_explicit_axis(k, n_rows, shape, big, seed
         queries = jax.device_put(queries_np.astype(idt), NamedSharding(mesh, P("x")))
 
         def fn(s, q):
-            return _ids.slots_in(s, q, n_rows)
+            return _rowops.slots_in(s, q, n_rows)
 
         assert SEARCH not in _hlo(fn, sorted_ids, queries)
         for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
@@ -177,14 +177,14 @@ def _check_search(sorted_np, queries_np, n_rows, x64):
         want = _slots_oracle(sorted_np, queries_np, n_rows)
 
         def fn(s, q):
-            return _ids.slots_in(s, q, n_rows)
+            return _rowops.slots_in(s, q, n_rows)
 
         if queries.size:
             assert SEARCH in _hlo(fn, sorted_ids, queries)
         for got in (fn(sorted_ids, queries), jax.jit(fn)(sorted_ids, queries)):
             assert got.shape == queries_np.shape and got.dtype == idt
             np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(_ids._slots_xla(sorted_ids, queries, n_rows), want)
+        np.testing.assert_array_equal(_rowops._slots_xla(sorted_ids, queries, n_rows), want)
 
 
 @pytest.mark.parametrize("x64", [False, True])
@@ -224,15 +224,15 @@ def test_empty_inputs_and_zero_capacity_stay_in_xla():
     answers as the oracle."""
     empty = jnp.zeros((0,), jnp.int32)
     ids = jnp.array([3, 1, 3], jnp.int32)
-    assert UNIQUE not in _hlo(lambda i: _ids.unique_with_slots(i, 5, 4), empty)
-    uniq, count, slots = _ids.unique_with_slots(empty, 5, 4)
+    assert UNIQUE not in _hlo(lambda i: _rowops.unique_with_slots(i, 5, 4), empty)
+    uniq, count, slots = _rowops.unique_with_slots(empty, 5, 4)
     np.testing.assert_array_equal(uniq, [5, 5, 5, 5])
     assert int(count) == 0 and slots.shape == (0,)
-    uniq, count, slots = jax.jit(lambda i: _ids.unique_with_slots(i, 5, 0))(ids)
+    uniq, count, slots = jax.jit(lambda i: _rowops.unique_with_slots(i, 5, 0))(ids)
     assert uniq.shape == (0,) and int(count) == 2
     np.testing.assert_array_equal(slots, [0, 0, 0])  # as the XLA path: nowhere to point
-    assert SEARCH not in _hlo(lambda s, q: _ids.slots_in(s, q, 5), empty, ids)
-    np.testing.assert_array_equal(_ids.slots_in(empty, ids, 5), [0, 0, 0])
+    assert SEARCH not in _hlo(lambda s, q: _rowops.slots_in(s, q, 5), empty, ids)
+    np.testing.assert_array_equal(_rowops.slots_in(empty, ids, 5), [0, 0, 0])
 
 
 def test_malformed_sorted_list_is_memory_safe():
@@ -242,7 +242,7 @@ def test_malformed_sorted_list_is_memory_safe():
     rng = np.random.default_rng(3)
     sorted_ids = jnp.asarray(rng.integers(-50, 2**31 - 1, 999).astype(np.int32))
     queries = jnp.asarray(rng.integers(-(2**31), 2**31 - 1, 5000).astype(np.int32))
-    slots = np.asarray(jax.jit(lambda s, q: _ids.slots_in(s, q, 2**31 - 1))(sorted_ids, queries))
+    slots = np.asarray(jax.jit(lambda s, q: _rowops.slots_in(s, q, 2**31 - 1))(sorted_ids, queries))
     assert slots.min() >= 0 and slots.max() <= 999
     hit = slots < 999
     np.testing.assert_array_equal(np.asarray(sorted_ids)[slots[hit]], np.asarray(queries)[hit])
@@ -250,13 +250,13 @@ def test_malformed_sorted_list_is_memory_safe():
 
 def test_vmap_matches_the_xla_path():
     ids = jnp.array([[4, 1, 4, 9], [0, 0, 2, -1], [7, 7, 7, 7]], jnp.int32)
-    native = jax.jit(jax.vmap(lambda i: _ids.unique_with_slots(i, 8, 3)))(ids)
-    xla = jax.vmap(lambda i: _ids._unique_with_slots_xla(i, 8, 3))(ids)
+    native = jax.jit(jax.vmap(lambda i: _rowops.unique_with_slots(i, 8, 3)))(ids)
+    xla = jax.vmap(lambda i: _rowops._unique_with_slots_xla(i, 8, 3))(ids)
     for a, b in zip(native, xla, strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(
-        jax.vmap(lambda u, i: _ids.slots_in(u, i, 8))(native[0], ids),
-        jax.vmap(lambda u, i: _ids._slots_xla(u, i, 8))(native[0], ids),
+        jax.vmap(lambda u, i: _rowops.slots_in(u, i, 8))(native[0], ids),
+        jax.vmap(lambda u, i: _rowops._slots_xla(u, i, 8))(native[0], ids),
     )
 
 
@@ -298,8 +298,8 @@ def test_self_test_catches_wrong_id_kernels(monkeypatch):
         uniq, count, slots = real_u(ids, n_rows, capacity)
         return uniq, count + 1, slots
 
-    monkeypatch.setattr(_native, "unique_ids_call", miscounted)
-    assert _native._self_test() == "the self-test unique ids differed from numpy"
-    monkeypatch.setattr(_native, "unique_ids_call", real_u)
-    monkeypatch.setattr(_native, "search_ids_call", lambda s, q, n: real_s(s, q, n)[::-1])
-    assert _native._self_test() == "the self-test id search differed from numpy"
+    monkeypatch.setattr(_native._registry, "unique_ids_call", miscounted)
+    assert _native._selftest.self_test() == "the self-test unique ids differed from numpy"
+    monkeypatch.setattr(_native._registry, "unique_ids_call", real_u)
+    monkeypatch.setattr(_native._registry, "search_ids_call", lambda s, q, n: real_s(s, q, n)[::-1])
+    assert _native._selftest.self_test() == "the self-test id search differed from numpy"

@@ -24,19 +24,24 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
-from jaxsparse_rows._gather_prim import _gather_ref, gather
-from jaxsparse_rows._ids import unique_rows
-from jaxsparse_rows._row_moves import (
+from jaxsparse_rows._rowops import (
     _scatter_native,
-    _scatter_xla,
-    gather_sorted_rows,
-    scatter_sorted_rows,
+    gather_rows,
+    gather_rows_xla,
+    scatter_rows,
+    scatter_rows_xla,
+    unique_rows,
 )
 
 GATHER = _native.GATHER_ROWS_TARGET
 SCATTER = _native.SCATTER_ROWS_TARGET
 
 pytestmark = needs_kernels
+
+
+def gather_sorted_rows(table, ids):
+    return gather_rows(table, ids, ids_sorted=True)
+
 
 DTYPES = [np.float32, np.float64, np.float16, jnp.bfloat16, np.int32, np.bool_]
 
@@ -85,12 +90,12 @@ def _assert_same(got, want):
 
 def _gather_native(table, ids):
     """The gather primitive (the kernel on CPU while the kernels are on)."""
-    return gather(table, ids, ids_sorted=True)
+    return gather_rows(table, ids, ids_sorted=True)
 
 
 def _gather_xla(table, ids):
     """Its XLA reference lowering."""
-    return _gather_ref(table, ids, ids_sorted=True)
+    return gather_rows_xla(table, ids, ids_sorted=True)
 
 
 def _hlo(fn, *args):
@@ -135,13 +140,11 @@ def _check_rows(n, k, n_pad, row, dtype, idtype, past_end, seed, xla=True):
     adds = [False, True] if np.dtype(dtype) in (np.float32, np.float64) else [False]
     for add in adds:
         want = _scatter_oracle(table, ids, rows, add)
-        assert SCATTER in _hlo(
-            lambda t, i, r, add=add: scatter_sorted_rows(t, i, r, add=add), jt, ji, jr
-        )
-        _assert_same(scatter_sorted_rows(jt, ji, jr, add=add), want)
-        _assert_same(jax.jit(scatter_sorted_rows, static_argnames="add")(jt, ji, jr, add=add), want)
+        assert SCATTER in _hlo(lambda t, i, r, add=add: scatter_rows(t, i, r, add=add), jt, ji, jr)
+        _assert_same(scatter_rows(jt, ji, jr, add=add), want)
+        _assert_same(jax.jit(scatter_rows, static_argnames="add")(jt, ji, jr, add=add), want)
         if xla:
-            _assert_same(_scatter_xla(jt, ji, jr, add), want)
+            _assert_same(scatter_rows_xla(jt, ji, jr, add), want)
     np.testing.assert_array_equal(np.asarray(jt), table)  # the operand was not written
 
 
@@ -193,7 +196,7 @@ def test_donated_table_is_updated_in_place(add):
     table = jnp.zeros((10_000, 16))
     ids = jnp.arange(0, 10_000, 7, dtype=jnp.int32)
     rows = jnp.ones((ids.shape[0], 16))
-    f = jax.jit(lambda t, i, r: scatter_sorted_rows(t, i, r, add=add), donate_argnums=0)
+    f = jax.jit(lambda t, i, r: scatter_rows(t, i, r, add=add), donate_argnums=0)
     compiled = f.lower(table, ids, rows).compile().as_text()
     assert SCATTER in compiled
     assert not [ln for ln in compiled.splitlines() if " copy(" in ln and "[10000,16]" in ln]
@@ -207,7 +210,7 @@ def test_donated_table_is_updated_in_place(add):
 
 def test_undonated_table_is_left_alone():
     table = jnp.zeros((50, 2))
-    out = jax.jit(lambda t: scatter_sorted_rows(t, jnp.array([3, 50]), 1.0, add=True))(table)
+    out = jax.jit(lambda t: scatter_rows(t, jnp.array([3, 50]), 1.0, add=True))(table)
     assert float(out.sum()) == 2.0 and float(table.sum()) == 0.0
 
 
@@ -315,9 +318,9 @@ def test_weakly_typed_tables_stay_weakly_typed():
     assert jax.typeof(w).weak_type
     assert jax.typeof(gather_sorted_rows(w, ids)).weak_type
     assert jax.typeof(jax.jit(gather_sorted_rows)(w, ids)).weak_type
-    assert jax.typeof(scatter_sorted_rows(w, ids, 2.0, add=True)).weak_type
+    assert jax.typeof(scatter_rows(w, ids, 2.0, add=True)).weak_type
     assert GATHER in _hlo(lambda t: gather_sorted_rows(t, ids), w)
-    assert SCATTER not in _hlo(lambda t: scatter_sorted_rows(t, ids, 2.0, add=True), w)
+    assert SCATTER not in _hlo(lambda t: scatter_rows(t, ids, 2.0, add=True), w)
     strong = jnp.ones((4, 2))
     assert not jax.typeof(gather_sorted_rows(strong, ids)).weak_type
     assert GATHER in _hlo(lambda t: gather_sorted_rows(t, ids), strong)
@@ -334,7 +337,7 @@ def test_gradients_match_the_xla_path(rng):
             return jnp.sin(_scatter_native(t, ids, r, add)).sum()
 
         def xla(t, r, add=add):
-            return jnp.sin(_scatter_xla(t, ids, r, add)).sum()
+            return jnp.sin(scatter_rows_xla(t, ids, r, add)).sum()
 
         jax.test_util.check_grads(native, (table, rows), 2, eps=1e-2)
         for a, b in zip(
@@ -357,14 +360,14 @@ def test_vmap_matches_the_xla_path(rng):
             jax.jit(jax.vmap(lambda t, i, r, add=add: _scatter_native(t, i, r, add)))(
                 tables, ids, rows
             ),
-            jax.vmap(lambda t, i, r, add=add: _scatter_xla(t, i, r, add))(tables, ids, rows),
+            jax.vmap(lambda t, i, r, add=add: scatter_rows_xla(t, i, r, add))(tables, ids, rows),
         )
         # one table, a batch of ids: every batch element scatters into its own copy
         _assert_same(
             jax.jit(jax.vmap(lambda t, i, r, add=add: _scatter_native(t, i, r, add), (None, 0, 0)))(
                 tables[0], ids, rows
             ),
-            jax.vmap(lambda t, i, r, add=add: _scatter_xla(t, i, r, add), (None, 0, 0))(
+            jax.vmap(lambda t, i, r, add=add: scatter_rows_xla(t, i, r, add), (None, 0, 0))(
                 tables[0], ids, rows
             ),
         )
@@ -380,9 +383,9 @@ def test_cases_the_kernels_do_not_take_run_in_xla():
     empty = jnp.zeros((0, 2))
     assert gather_sorted_rows(empty, jnp.array([0])).tolist() == [[0.0, 0.0]]
     bf = t.astype(jnp.bfloat16)
-    text = _hlo(lambda a: scatter_sorted_rows(a, jnp.array([1]), 1.0, add=True), bf)
+    text = _hlo(lambda a: scatter_rows(a, jnp.array([1]), 1.0, add=True), bf)
     assert SCATTER not in text
-    assert scatter_sorted_rows(bf, jnp.array([1]), 1.0, add=True)[1].tolist() == [3.0, 4.0]
+    assert scatter_rows(bf, jnp.array([1]), 1.0, add=True)[1].tolist() == [3.0, 4.0]
     jsr.set_native_kernels(False)
     assert GATHER not in _hlo(gather_sorted_rows, t, jnp.array([1]))
 
@@ -441,26 +444,26 @@ def test_pull_rows_and_dense_plus_rowsparse_use_the_kernels():
 
 
 def test_self_test_catches_wrong_row_kernels(monkeypatch):
-    assert _native._self_test() == "ok"
+    assert _native._selftest.self_test() == "ok"
     real = _native.gather_rows_call
-    monkeypatch.setattr(_native, "gather_rows_call", lambda t, i: real(t, i)[::-1])
-    assert _native._self_test() == "the self-test row gather differed from numpy"
-    monkeypatch.setattr(_native, "gather_rows_call", real)
+    monkeypatch.setattr(_native._registry, "gather_rows_call", lambda t, i: real(t, i)[::-1])
+    assert _native._selftest.self_test() == "the self-test row gather differed from numpy"
+    monkeypatch.setattr(_native._registry, "gather_rows_call", real)
     real_s = _native.scatter_rows_call
 
     def no_add(table, ids, rows, add=False):
         return real_s(table, ids, rows, False)
 
-    monkeypatch.setattr(_native, "scatter_rows_call", no_add)
-    assert _native._self_test() == "the self-test row scatter-add differed from numpy"
-    monkeypatch.setattr(_native, "scatter_rows_call", real_s)
+    monkeypatch.setattr(_native._registry, "scatter_rows_call", no_add)
+    assert _native._selftest.self_test() == "the self-test row scatter-add differed from numpy"
+    monkeypatch.setattr(_native._registry, "scatter_rows_call", real_s)
     real_sum = _native.sum_rows_call
 
     def first_id_only(rows, ids, n):  # repeats not summed
         return real_sum(rows, jnp.where(jnp.arange(ids.shape[0]) % 2 == 0, ids, n), n)
 
-    monkeypatch.setattr(_native, "sum_rows_call", first_id_only)
-    assert _native._self_test() == "the self-test sum of rows differed from numpy"
+    monkeypatch.setattr(_native._registry, "sum_rows_call", first_id_only)
+    assert _native._selftest.self_test() == "the self-test sum of rows differed from numpy"
 
 
 def _adam_step_case(pull=False):

@@ -318,14 +318,16 @@ def test_the_optimizer_step_runs_the_kernel_and_matches_numpy(rng):
 
 
 def test_self_test_catches_a_wrong_kernel(monkeypatch):
-    assert _native._self_test() == "ok"
+    assert _native._selftest.self_test() == "ok"
     real = _native.rowwise_adagrad_call
 
     def no_mean(acc, ids, grad, eps, alpha):  # the sum of squares, not its mean
         return real(acc, ids, grad * np.sqrt(grad.shape[1]), eps, alpha)
 
-    monkeypatch.setattr(_native, "rowwise_adagrad_call", no_mean)
-    assert _native._self_test() == "the self-test row-wise AdaGrad update differed from numpy"
+    monkeypatch.setattr(_native._registry, "rowwise_adagrad_call", no_mean)
+    assert (
+        _native._selftest.self_test() == "the self-test row-wise AdaGrad update differed from numpy"
+    )
 
 
 def _folded_and_chain(lr, wd):

@@ -14,7 +14,7 @@ from jax.extend.core import primitives as jex_primitives
 from jaxpr_walk import big_values, primitive_names
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import _gather_prim
+from jaxsparse_rows import _rowops
 from jaxsparse_rows._kernel_call import on_cpu
 
 # Every test runs with the native CPU kernels (where built) and with XLA's.
@@ -97,12 +97,12 @@ def test_the_walk_finds_a_temporary_in_every_nested_program(where):
 def test_the_walk_opens_the_xla_form_of_the_row_primitives(monkeypatch):
     """jsr_gather_rows / jsr_sum_rows lower to a native kernel on CPU and to
     their XLA reference elsewhere: a temporary in the reference is found."""
-    gather_ref, sum_ref = _gather_prim._gather_ref, _gather_prim._sum_ref
-    monkeypatch.setattr(_gather_prim, "_gather_ref", lambda *a, **k: _temp(gather_ref(*a, **k)))
-    monkeypatch.setattr(_gather_prim, "_sum_ref", lambda *a, **k: _temp(sum_ref(*a, **k)))
+    gather_ref, sum_ref = _rowops.gather_rows_xla, _rowops.sum_rows_xla
+    monkeypatch.setattr(_rowops, "gather_rows_xla", lambda *a, **k: _temp(gather_ref(*a, **k)))
+    monkeypatch.setattr(_rowops, "sum_rows_xla", lambda *a, **k: _temp(sum_ref(*a, **k)))
     rows = jax.ShapeDtypeStruct((4, 2), jnp.float32)
     ids = jax.ShapeDtypeStruct((4,), jnp.int32)
-    for f in (lambda r, i: _gather_prim.gather(r, i), lambda r, i: _gather_prim.sum_rows(r, i, 9)):
+    for f in (lambda r, i: _rowops.gather_rows(r, i), lambda r, i: _rowops.sum_rows(r, i, 9)):
         jaxpr = jax.make_jaxpr(f)(rows, ids)
         assert [e.primitive.name for e in jaxpr.jaxpr.eqns][-1].startswith("jsr_")
         assert ("broadcast_in_dim", (V,)) in big_values(jaxpr, V)

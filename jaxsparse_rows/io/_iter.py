@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._csr import CSR
+from .._csr import CSR, csr_matrix
 from .._util import as_data, check_flag, check_static_int, index_dtype
 from ._libsvm import (
     Parsed,
@@ -259,8 +259,6 @@ class CSRIter(_Batcher):
         nnz_buckets: Sequence[int] | None = None,
         min_nnz: int = 16,
     ):
-        from .._csr import csr_matrix
-
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
         shuffle, seed = check_flag(shuffle, "shuffle"), check_static_int(seed, "seed", minimum=0)

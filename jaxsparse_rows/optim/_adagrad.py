@@ -11,7 +11,7 @@ import optax
 
 from ._hparams import NONNEG, check_learning_rate, check_number
 from ._rowwise_rows import rowwise_adagrad_rows, rowwise_scales, scale_rows
-from ._transforms import _scale_leaf, learning_rate_step, scale_by_learning_rate
+from ._transforms import learning_rate_step, scale_by_learning_rate, scale_leaf
 from ._tree import (
     abs_sq,
     apply_rule,
@@ -192,7 +192,7 @@ def _rowwise_adagrad(eps: float, weight_decay: float):
             scale, acc = rowwise_scales(g, acc, eps)
             u = scale_rows(g, scale)
             # a dense leaf scaled as scale_by_learning_rate scales it
-            return (u if alpha is None else _scale_leaf(u, alpha)), [acc]
+            return (u if alpha is None else scale_leaf(u, alpha)), [acc]
 
         def lazy_rows(g, ids, states, w):
             # The rule, fused with the gather and scatter of the accumulator

@@ -9,8 +9,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ._hparams import NONNEG, UNIT, check_inexact_dtype, check_learning_rate, check_number
-from ._sgd import _check_lazy
+from ._hparams import (
+    NONNEG,
+    UNIT,
+    check_inexact_dtype,
+    check_lazy,
+    check_learning_rate,
+    check_number,
+)
 from ._transforms import add_decayed_weights, scale_by_learning_rate
 from ._tree import (
     abs_sq,
@@ -83,7 +89,7 @@ def scale_by_lazy_adam(
       >>> u.data.round(4), state.count
       (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
     """
-    lazy = _check_lazy(lazy, (True, False), "scale_by_lazy_adam")
+    lazy = check_lazy(lazy, (True, False), "scale_by_lazy_adam")
     check_number("b1", b1, UNIT)
     check_number("b2", b2, UNIT)
     check_number("eps", eps, NONNEG)
@@ -167,7 +173,7 @@ def lazy_adam(
              [ 0. ,  0. ]], dtype=float32)
     """
     check_learning_rate(learning_rate)
-    lazy = _check_lazy(lazy, (True, False), "lazy_adam")
+    lazy = check_lazy(lazy, (True, False), "lazy_adam")
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         scale_by_learning_rate(learning_rate),
@@ -214,7 +220,7 @@ def lazy_adamw(
       array([0.85, 1.  , 1.  ], dtype=float32)
     """
     check_learning_rate(learning_rate)
-    lazy = _check_lazy(lazy, (True, False), "lazy_adamw")
+    lazy = check_lazy(lazy, (True, False), "lazy_adamw")
     return optax.chain(
         scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
         add_decayed_weights(weight_decay, lazy),

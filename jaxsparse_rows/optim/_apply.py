@@ -7,10 +7,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._arraybase import SparseArray
 from .._limits import check_table_rows
-from .._operators import SparseOperators
+from .._rowops import gather_rows, scatter_rows
 from .._util import as_jax, check_unbatched
-from ._tree import check_like, flatten_like, gather_rows, is_rowsparse, path_name, scatter_rows
+from ._tree import check_like, flatten_like, is_rowsparse, path_name
 
 
 def _check_update_dtype(path: str, param_dtype: Any, update_dtype: Any) -> None:
@@ -99,10 +100,10 @@ def apply_updates(params: Any, updates: Any) -> Any:
         if u is None or getattr(u, "dtype", None) == jax.dtypes.float0:
             # Nothing to add. A RowSparse parameter is still refused, and a
             # float0 update must still have the parameter's shape.
-            if u is not None or isinstance(p, SparseOperators):
+            if u is not None or isinstance(p, SparseArray):
                 check_like(path, u, p)
             return as_jax(p)
-        if not isinstance(u, SparseOperators):
+        if not isinstance(u, SparseArray):
             u = as_jax(u)
         check_like(path, u, p)
         p = as_jax(p)
@@ -113,13 +114,13 @@ def apply_updates(params: Any, updates: Any) -> Any:
             dtype = jnp.result_type(p, u.data)
             if dtype == p.dtype:
                 return scatter_rows(p, u.indices, u.data, add=True)
-            rows = gather_rows(p, u.indices).astype(dtype) + u.data.astype(dtype)
+            rows = gather_rows(p, u.indices, ids_sorted=True).astype(dtype) + u.data.astype(dtype)
             return scatter_rows(p, u.indices, rows)
         return jnp.asarray(p + u).astype(p.dtype)
 
     # Sparse arrays are leaves, so a RowSparse in `params` reaches `check_like`
     # (and is refused) instead of being mapped over its data and row ids.
-    is_leaf = lambda x: x is None or isinstance(x, SparseOperators)  # noqa: E731
+    is_leaf = lambda x: x is None or isinstance(x, SparseArray)  # noqa: E731
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_leaf)
     hint = " `updates` must have the structure of `params`."
     flat_u = flatten_like(treedef, updates, ("params", "updates"), hint)

@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._ids import unique_rows
 from .._limits import check_table_rows
-from .._rows import _as_ids, _check_id_range
+from .._rowops import gather_rows, scatter_rows, unique_rows
+from .._rows import as_ids, check_id_range
 from .._rowsparse import RowSparse
-from ._sgd import check_sgd_hparams
+from ._hparams import check_sgd_hparams
 from ._tree import (
     PARAMS_REQUIRED,
     check_dense_params,
@@ -37,12 +37,10 @@ from ._tree import (
     check_state,
     check_state_shape,
     flatten_like,
-    gather_rows,
     is_rowsparse,
     known_one,
     map_updates,
     mask_rows,
-    scatter_rows,
     short_tree,
     zeros_like_params,
 )
@@ -230,9 +228,9 @@ def exact_lazy_sgd(
             check_state_shape(path, p, last, _LAST, rows=True)
             if is_rowsparse(g):
                 idx = g.indices
-                w = gather_rows(p, idx)
-                mr = None if m is None else gather_rows(m, idx)
-                skipped = t - gather_rows(last, idx)
+                w = gather_rows(p, idx, ids_sorted=True)
+                mr = None if m is None else gather_rows(m, idx, ids_sorted=True)
+                skipped = t - gather_rows(last, idx, ids_sorted=True)
                 u, mr = step_rows(g.data, w, mr, skipped)
                 u = mask_rows(u, idx, g.shape[0])
                 if m is not None:
@@ -359,8 +357,8 @@ def _replace_nodes(state: Any, new_nodes: dict) -> Any:
 def _catch_up_leaf(p, m, last, ids, t, hparams, name):
     p = jnp.asarray(p)
     n = p.shape[0]
-    flat = _as_ids(ids, name).reshape(-1)
-    _check_id_range(flat, n, name)  # concrete ids only: under jit they are not known
+    flat = as_ids(ids, name).reshape(-1)
+    check_id_range(flat, n, name)  # concrete ids only: under jit they are not known
     if flat.shape[0] == 0 or n == 0:
         return p, m, last
     # Sorted unique ids in [0, n), padded with n: every other id (the padding
@@ -368,9 +366,9 @@ def _catch_up_leaf(p, m, last, ids, t, hparams, name):
     # out-of-range id touches no row (it is never wrapped into row n - 1).
     uniq, _ = unique_rows(flat, n, flat.shape[0])
     dt = _compute_dtype(p, m)
-    w = gather_rows(p, uniq).astype(dt)
-    mr = None if m is None else gather_rows(m, uniq).astype(dt)
-    w, mr = _catch_up(w, mr, t - gather_rows(last, uniq), _powers(*hparams), dt)
+    w = gather_rows(p, uniq, ids_sorted=True).astype(dt)
+    mr = None if m is None else gather_rows(m, uniq, ids_sorted=True).astype(dt)
+    w, mr = _catch_up(w, mr, t - gather_rows(last, uniq, ids_sorted=True), _powers(*hparams), dt)
     p = scatter_rows(p, uniq, w.astype(p.dtype))
     m = None if m is None else scatter_rows(m, uniq, mr.astype(m.dtype))
     return p, m, scatter_rows(last, uniq, jnp.broadcast_to(t, uniq.shape))

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._util import check_flag
+
 
 class Range(NamedTuple):
     """An allowed range of a hyperparameter: its description and its test."""
@@ -141,3 +143,24 @@ def check_transformation(name: str, value: Any) -> None:
         f"`{name}` must be an optax GradientTransformation (with `init` and `update`), "
         f"got {describe(value)}."
     )
+
+
+def check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> bool | str:
+    """``lazy`` as one of ``allowed`` (a numpy bool counts as a bool, as
+    :func:`check_flag` takes it); a ValueError naming ``name`` otherwise."""
+    if isinstance(lazy, np.bool_):
+        lazy = bool(lazy)
+    if not any(type(lazy) is type(a) and lazy == a for a in allowed):
+        raise ValueError(f"`lazy` must be one of {allowed} for `{name}`, got {lazy!r}.")
+    return lazy
+
+
+def check_sgd_hparams(
+    momentum: Any, nesterov: Any, weight_decay: Any, rescale_grad: Any, clip_gradient: Any
+) -> bool:
+    """Checks SGD's hyperparameters (see :mod:`._hparams`); returns ``nesterov``."""
+    check_number("momentum", momentum, NONNEG, none_ok=True)
+    check_number("weight_decay", weight_decay, none_ok=True)
+    check_number("rescale_grad", rescale_grad)
+    check_clip(clip_gradient)
+    return check_flag(nesterov, "nesterov")

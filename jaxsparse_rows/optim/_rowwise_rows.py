@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from .. import _native
 from .._kernel_call import on_cpu
-from .._row_moves import gather_sorted_rows, scatter_sorted_rows
+from .._rowops import gather_rows, scatter_rows
 from .._rowsparse import mask_padding
 from ._tree import abs_sq
 
@@ -54,11 +54,11 @@ def scale_rows(g: jax.Array, scale: jax.Array) -> jax.Array:
 
 
 def _xla(acc, ids, grad, eps, alpha):
-    scale, rows = rowwise_scales(grad, gather_sorted_rows(acc, ids), eps)
+    scale, rows = rowwise_scales(grad, gather_rows(acc, ids, ids_sorted=True), eps)
     u = mask_padding(scale_rows(grad, scale), ids, acc.shape[0])
     if alpha is not None:
         u = jnp.asarray(alpha, u.dtype) * u
-    return scatter_sorted_rows(acc, ids, rows), u
+    return scatter_rows(acc, ids, rows), u
 
 
 def _native_call(acc, ids, grad, eps, alpha):
@@ -90,10 +90,9 @@ def _native_ok(acc: jax.Array, ids: jax.Array, grad: jax.Array, eps) -> bool:
     # arithmetic (a float64 eps for a float32 accumulator) too. (alpha is
     # cast to the rows' dtype either way, as scale_by_learning_rate casts it.)
     return (
-        _native.native_kernels_enabled()
-        and not getattr(getattr(acc, "aval", None), "weak_type", False)
+        not getattr(getattr(acc, "aval", None), "weak_type", False)
         and jnp.result_type(acc.dtype, eps) == acc.dtype
-        and _native.supports_rowwise_adagrad(acc, ids, grad)
+        and _native.use(_native.ROWWISE_ADAGRAD, acc, ids, grad)
     )
 
 

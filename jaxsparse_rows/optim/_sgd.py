@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._util import check_flag
-from ._hparams import NONNEG, check_clip, check_learning_rate, check_number
+from ._exact import exact_lazy_sgd
+from ._hparams import check_lazy, check_learning_rate, check_sgd_hparams
 from ._transforms import scale_by_learning_rate
 from ._tree import (
     apply_rule,
@@ -34,27 +34,6 @@ class ScaleByLazySgdState(NamedTuple):
     """
 
     trace: Any
-
-
-def _check_lazy(lazy: Any, allowed: tuple[Any, ...], name: str) -> bool | str:
-    """``lazy`` as one of ``allowed`` (a numpy bool counts as a bool, as
-    :func:`check_flag` takes it); a ValueError naming ``name`` otherwise."""
-    if isinstance(lazy, np.bool_):
-        lazy = bool(lazy)
-    if not any(type(lazy) is type(a) and lazy == a for a in allowed):
-        raise ValueError(f"`lazy` must be one of {allowed} for `{name}`, got {lazy!r}.")
-    return lazy
-
-
-def check_sgd_hparams(
-    momentum: Any, nesterov: Any, weight_decay: Any, rescale_grad: Any, clip_gradient: Any
-) -> bool:
-    """Checks SGD's hyperparameters (see :mod:`._hparams`); returns ``nesterov``."""
-    check_number("momentum", momentum, NONNEG, none_ok=True)
-    check_number("weight_decay", weight_decay, none_ok=True)
-    check_number("rescale_grad", rescale_grad)
-    check_clip(clip_gradient)
-    return check_flag(nesterov, "nesterov")
 
 
 def _no_buffer(momentum: Any) -> bool:
@@ -113,7 +92,7 @@ def scale_by_lazy_sgd(
       >>> u.data, state.trace[:, 0]
       (Array([[3.]], dtype=float32), Array([0., 3., 0.], dtype=float32))
     """
-    lazy = _check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
+    lazy = check_lazy(lazy, (True, False), "scale_by_lazy_sgd")
     nesterov = check_sgd_hparams(momentum, nesterov, weight_decay, rescale_grad, clip_gradient)
     decay = not known_zero(weight_decay)
 
@@ -204,10 +183,8 @@ def lazy_sgd(
              [1.  , 1.  ]], dtype=float32)
     """
     check_learning_rate(learning_rate)
-    lazy = _check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
+    lazy = check_lazy(lazy, (True, False, "exact"), "lazy_sgd")
     if lazy == "exact":
-        from ._exact import exact_lazy_sgd
-
         return exact_lazy_sgd(
             learning_rate, momentum, nesterov, weight_decay, rescale_grad, clip_gradient
         )

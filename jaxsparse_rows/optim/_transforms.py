@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from .._csr import CSR
+from .._rowops import gather_rows
 from .._rowsparse import RowSparse
 from .._util import check_flag
 from ._hparams import (
@@ -24,7 +25,6 @@ from ._tree import (
     check_inexact,
     check_like,
     check_state,
-    gather_rows,
     is_rowsparse,
     known_zero,
     map_updates,
@@ -33,7 +33,7 @@ from ._tree import (
 )
 
 
-def _scale_leaf(u: Any, factor: jax.Array) -> Any:
+def scale_leaf(u: Any, factor: jax.Array) -> Any:
     if is_rowsparse(u):
         return RowSparse._make(jnp.asarray(factor, u.dtype) * u.data, u.indices, u.shape)
     return jnp.asarray(factor, jnp.result_type(u)) * u
@@ -42,7 +42,7 @@ def _scale_leaf(u: Any, factor: jax.Array) -> Any:
 def _tree_scale(updates: Any, factor: jax.Array) -> Any:
     def leaf(path, u):
         check_inexact(path, u)
-        return (_scale_leaf(u, factor),)
+        return (scale_leaf(u, factor),)
 
     return map_updates(leaf, updates, n_out=1)[0]
 
@@ -158,7 +158,7 @@ def add_decayed_weights(
             check_like(path, u, p)
             if is_rowsparse(u):
                 if lazy:
-                    rows = gather_rows(p, u.indices)
+                    rows = gather_rows(p, u.indices, ids_sorted=True)
                     data = mask_rows(u.data + weight_decay * rows, u.indices, u.shape[0])
                     return (RowSparse._make(data, u.indices, u.shape),)
                 u = u.todense()
@@ -267,6 +267,88 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
+# optax transforms whose rule reads a whole leaf (its norm, RMS or mean): run
+# on a RowSparse update's ``[k, ...]`` data, they would see k rows of a
+# ``[V, ...]`` leaf and give another number. Keyed by the factory's name (the
+# ``update`` function's qualified name), with what to use instead.
+_WHOLE_LEAF_RULES = {
+    "clip_by_block_rms": "`jsr.optim.clip_by_block_rms`",
+    "clip_by_global_norm": "`jsr.optim.clip_by_global_norm`",
+    "adaptive_grad_clip": None,
+    "scale_by_trust_ratio": None,
+    "centralize": None,
+    "normalize_by_update_norm": None,
+    "scale_by_param_block_norm": None,
+    "scale_by_param_block_rms": None,
+}
+
+
+def _refuse_whole_leaf_rules(inner: optax.GradientTransformation) -> None:
+    """Refuses optax transforms known to reduce over a whole leaf."""
+    update = inner.update
+    module = getattr(update, "__module__", "") or ""
+    factory = (getattr(update, "__qualname__", "") or "").split(".<locals>", 1)[0]
+    if not module.startswith("optax") or factory not in _WHOLE_LEAF_RULES:
+        return
+    use = _WHOLE_LEAF_RULES[factory]
+    fix = f"Use {use}." if use else "It has no row-sparse version: apply it to dense leaves only."
+    raise TypeError(
+        f"`lift_elementwise` needs an elementwise transform, but `inner` is "
+        f"`optax.{factory}`, which reduces over a whole leaf: on the listed rows of a "
+        f"RowSparse update it would compute another value than on the dense leaf. {fix}"
+    )
+
+
+def clip_by_block_rms(threshold: float) -> optax.GradientTransformation:
+    """Clips each leaf to a root mean square of at most ``threshold``.
+
+    Same rule as ``optax.clip_by_block_rms``: each leaf is divided by
+    ``max(1, rms / threshold)``. The RMS of a RowSparse
+    leaf is that of its dense array (the squares of its real rows, divided by
+    every element of the ``[N, ...]`` shape), and the leaf is scaled on
+    ``data`` only, keeping ``indices``.
+
+    Args:
+      threshold: the largest allowed RMS of a leaf (> 0).
+
+    Returns:
+      A stateless ``optax.GradientTransformation``.
+
+    Example:
+      >>> import jaxsparse_rows as jsr, jax.numpy as jnp
+      >>> g = jsr.RowSparse([[4., 4.]], [1], shape=(2, 2))  # dense RMS 2.83
+      >>> tx = jsr.optim.clip_by_block_rms(1.0)
+      >>> u, _ = tx.update(g, tx.init(None))
+      >>> u.data.round(4), u.indices
+      (Array([[1.4142, 1.4142]], dtype=float32), Array([1], dtype=int32))
+    """
+    check_number("threshold", threshold, ABOVE_ZERO)
+
+    def update_fn(updates, state, params=None):
+        del params
+
+        def clip(path, u):
+            check_inexact(path, u)
+            if is_rowsparse(u):
+                data = mask_rows(u.data, u.indices, u.shape[0])
+                size = max(u.size, 1)
+            else:
+                data = jnp.asarray(u)
+                size = max(data.size, 1)
+            wide = jnp.promote_types(jnp.float32, data.dtype)
+            if jnp.iscomplexobj(data):
+                sq = abs_sq(data.astype(wide)).real
+            else:
+                sq = jnp.square(data.astype(wide))
+            denom = jnp.maximum(1.0, jnp.sqrt(jnp.sum(sq) / size) / threshold)
+            out = (data.astype(wide) / denom).astype(data.dtype)
+            return (RowSparse._make(out, u.indices, u.shape) if is_rowsparse(u) else out,)
+
+        return map_updates(clip, updates, n_out=1)[0], state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTransformation:
     """Lifts an elementwise optax transform so it acts on RowSparse ``data`` only.
 
@@ -281,6 +363,9 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
     ``inner`` must be elementwise (each output element depends on the same
     element of updates/params only) and its state must hold no per-parameter
     arrays (scalars such as a step count are fine): ``init`` raises otherwise.
+    optax transforms that reduce over a whole leaf (``clip_by_block_rms``,
+    ``clip_by_global_norm``, ``centralize``, ...) are refused with
+    ``TypeError`` when lifted, naming the jsr version where there is one.
 
     Args:
       inner: e.g. ``optax.scale(-1.0)``, ``optax.clip(1.0)``,
@@ -298,6 +383,7 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
       (Array([[-1.,  2.]], dtype=float32), Array([2], dtype=int32))
     """
     check_transformation("inner", inner)
+    _refuse_whole_leaf_rules(inner)
 
     def init_fn(params):
         state = inner.init(params)
@@ -315,7 +401,7 @@ def lift_elementwise(inner: optax.GradientTransformation) -> optax.GradientTrans
         def split(path, u, p):
             if is_rowsparse(u):
                 check_like(path, u, p)
-                rows = None if p is None else gather_rows(p, u.indices)
+                rows = None if p is None else gather_rows(p, u.indices, ids_sorted=True)
                 return u.data, rows
             return u, p
 
@@ -347,7 +433,7 @@ class SkipNonfiniteState(NamedTuple):
     skipped: jax.Array
 
 
-def _all_finite(updates: Any) -> jax.Array:
+def all_finite(updates: Any) -> jax.Array:
     def leaf(_, u):
         data = mask_rows(u.data, u.indices, u.shape[0]) if is_rowsparse(u) else jnp.asarray(u)
         return (jnp.all(jnp.isfinite(data)),)
@@ -356,7 +442,7 @@ def _all_finite(updates: Any) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
-def _zero_like_output(x: Any) -> Any:
+def zero_like_output(x: Any) -> Any:
     if is_rowsparse(x):
         n = x.shape[0]
         return RowSparse._make(
@@ -399,14 +485,14 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
 
     def update_fn(updates, state, params=None):
         check_state(state, SkipNonfiniteState, "skip_nonfinite")
-        finite = _all_finite(updates)
+        finite = all_finite(updates)
 
         def run(inner_state):
             return inner.update(updates, inner_state, params)
 
         def skip(inner_state):
             shapes = jax.eval_shape(run, inner_state)[0]
-            zeros = jax.tree.map(_zero_like_output, shapes, is_leaf=is_rowsparse)
+            zeros = jax.tree.map(zero_like_output, shapes, is_leaf=is_rowsparse)
             return zeros, inner_state
 
         new_updates, inner_state = jax.lax.cond(finite, run, skip, state.inner_state)

@@ -9,10 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._arraybase import SparseArray
 from .._config import log_inference
 from .._limits import check_table_rows
-from .._operators import SparseOperators
-from .._row_moves import gather_sorted_rows, scatter_sorted_rows
+from .._rowops import gather_rows, scatter_rows
 from .._rowsparse import RowSparse, mask_padding
 from .._storage import stype
 from .._util import check_unbatched
@@ -123,7 +123,7 @@ def map_updates(
     are not passed to ``fn``: they give ``None`` in the first output and the
     other trees' leaves unchanged in the rest.
     """
-    is_leaf = lambda x: x is None or isinstance(x, SparseOperators)  # noqa: E731
+    is_leaf = lambda x: x is None or isinstance(x, SparseArray)  # noqa: E731
     flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_leaf)
     for path, leaf in flat:
         _check_update_leaf(jax.tree_util.keystr(path), leaf)
@@ -152,7 +152,7 @@ def _check_update_leaf(path: str, leaf: Any) -> None:
             "`jax.vjp` build for a RowSparse input, not a gradient. Differentiate "
             "with `jsr.grad` / `jsr.value_and_grad`, which return the row ids."
         )
-    if isinstance(leaf, SparseOperators) and not is_rowsparse(leaf):
+    if isinstance(leaf, SparseArray) and not is_rowsparse(leaf):
         raise TypeError(
             f"the gradient for `{path_name(path)}` is a {type(leaf).__name__}; gradients "
             "and updates are dense arrays or RowSparse (parameters are dense)."
@@ -174,12 +174,28 @@ def check_inexact(path: str, grad: Any) -> None:
         )
 
 
+RESTORE_HINT = (
+    "A checkpoint restored without a target (orbax gives plain dicts and lists where the "
+    "state had NamedTuples and tuples) has lost these types: restore with a target, "
+    "`target = jax.eval_shape(opt.init, params)` then e.g. "
+    "`ocp.StandardCheckpointer().restore(path, target)`, or rebuild the restored tree "
+    "with `jsr.optim.restore_structure(target, restored)`."
+)
+
+
 def check_state(state: Any, cls: type, name: str) -> None:
     """Refuses a ``state`` that is not the ``cls`` that ``name``'s ``init`` returns."""
     if not isinstance(state, cls):
         got = type(state).__name__
         if type(state) is tuple:
             got = f"tuple ({', '.join(type(x).__name__ for x in state)})"
+        if isinstance(state, dict) or type(state) is list:
+            fields = ", ".join(map(str, state)) if isinstance(state, dict) else len(state)
+            what = "keys" if isinstance(state, dict) else "items:"
+            raise TypeError(
+                f"`{name}.update` needs the {cls.__name__} its `init` returns as `state`, got "
+                f"a {got} ({what} {fields}). {RESTORE_HINT}"
+            )
         raise TypeError(
             f"`{name}.update` needs the {cls.__name__} its `init` returns as `state`, got a "
             f"{got}: was the state made by another optimizer, or for another part of a chain?"
@@ -204,7 +220,7 @@ def check_like(path: str, grad: Any, like: Any, what: str = "parameter") -> None
     """Raises when the gradient leaf's (dense) shape differs from ``like``'s."""
     if like is None:
         return
-    if what == "parameter" and isinstance(like, SparseOperators):
+    if what == "parameter" and isinstance(like, SparseArray):
         raise TypeError(
             f"`{path_name(path)}` is a {type(like).__name__}, but parameters are dense "
             "arrays: only gradients and updates are RowSparse. A RowSparse parameter "
@@ -232,12 +248,6 @@ def check_dense_params(params: Any, name: str) -> None:
                 "optimizer state) are dense arrays; only gradients and updates are "
                 "RowSparse. Pass `params` densified (`x.todense()`)."
             )
-
-
-# Rows of a dense array at sorted RowSparse indices (padding ids read zero rows),
-# and writing them back (set, or add with ``add=True``; padding ids dropped).
-gather_rows = gather_sorted_rows
-scatter_rows = scatter_sorted_rows
 
 
 # Zeros the padding slots of update data so updates keep the RowSparse invariant.
@@ -288,11 +298,11 @@ def apply_rule(
         if lazy:
             idx = grad.indices
             if lazy_rows is not None:
-                prow = None if param is None else gather_rows(param, idx)
+                prow = None if param is None else gather_rows(param, idx, ids_sorted=True)
                 upd, new_states = lazy_rows(grad.data, idx, list(states), prow)
                 return RowSparse._make(upd, idx, grad.shape), tuple(new_states)
-            rows = [gather_rows(s, idx) for s in states]
-            prow = None if param is None else gather_rows(param, idx)
+            rows = [gather_rows(s, idx, ids_sorted=True) for s in states]
+            prow = None if param is None else gather_rows(param, idx, ids_sorted=True)
             upd, new_rows = rule(grad.data, rows, prow)
             upd = mask_rows(upd, idx, grad.shape[0])
             pairs = zip(states, new_rows, strict=True)
