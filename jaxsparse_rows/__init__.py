@@ -63,6 +63,7 @@ from ._native import set_native_kernels as set_native_kernels
 from ._reductions import norm as norm
 from ._reductions import square_sum as square_sum
 from ._reductions import sum as sum  # noqa: A004
+from ._reductions import sum_stacked as sum_stacked
 from ._rows import pull_rows as pull_rows
 from ._rows import retain as retain
 from ._rows import take as take
@@ -132,6 +133,7 @@ __all__ = [
     "stype",
     "subtract",
     "sum",
+    "sum_stacked",
     "take",
     "tan",
     "tanh",

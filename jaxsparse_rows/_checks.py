@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._args import is_concrete
+from ._arraybase import check_unbatched_args
 from ._csr import CSR, whole_csr
 from ._invariants import padding_condition, row_id_conditions
 from ._rows import as_ids, check_id_range, check_stored, id_range_message, stored_condition
 from ._rowsparse import RowSparse
-from ._util import check_unbatched_args, is_concrete
 
 
 def _rowsparse_conditions(x: RowSparse) -> list[tuple[Any, str]]:

@@ -8,7 +8,7 @@ import os
 import warnings
 from collections.abc import Iterator
 
-from ._util import check_flag
+from ._args import check_flag
 
 logger = logging.getLogger("jaxsparse_rows")
 

@@ -12,26 +12,28 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
-from ._arraybase import SparseArray
-from ._limits import check_table_rows
-from ._rowops import fit_ids
-from ._rowsparse import as_index_array, as_shape, dense_numpy, host_dense, shape_arg
-from ._util import (
-    as_data,
-    as_jax,
-    capacity_check,
-    check_static_int,
+from ._args import as_data, as_jax, capacity_check, check_static_int, is_concrete, is_shape_tuple
+from ._arraybase import (
+    SparseArray,
     check_unbatched,
     check_unbatched_args,
     check_unflattened_ids,
-    explicit_spec,
-    index_dtype,
-    is_concrete,
-    is_shape_tuple,
-    replicated,
     shape_str,
     stacked_repr,
 )
+from ._dtypes import index_dtype
+from ._limits import check_table_rows
+from ._rowops import fit_ids
+from ._rowsparse import (
+    JnpRefusal,
+    as_index_array,
+    as_shape,
+    dense_numpy,
+    host_dense,
+    leaves_str,
+    shape_arg,
+)
+from ._sharding import explicit_spec, replicated
 
 
 def csr_row_ids(indptr: jax.Array, nse: int) -> jax.Array:
@@ -261,11 +263,24 @@ class CSR(SparseArray):
         if odd is not None:
             return odd
         head = shape_str(self.data.dtype, self.shape)
+        if not jnp.issubdtype(self.indptr.dtype, jnp.integer):  # a float0 cotangent's ids
+            return f"CSR({head}, nse={self.nse}, indices=float0)"
         if is_concrete(self.indptr) and isinstance(self.indptr, jax.Array | np.ndarray):
             nnz = int(np.asarray(self.indptr)[-1])
             extra = "" if nnz == self.nse else f", nse={self.nse}"
             return f"CSR({head}, nnz={nnz}{extra})"
         return f"CSR({head}, nse={self.nse})"
+
+    def __str__(self) -> str:
+        """The repr, then the stored ``data``, ``indices`` and ``indptr`` when
+        they are known (what ``print`` and ``jax.debug.print`` show)."""
+        leaves = {"data": self.data, "indices": self.indices, "indptr": self.indptr}
+        if not jnp.issubdtype(self.indptr.dtype, jnp.integer):  # a float0 cotangent's ids
+            leaves = {"data": self.data}
+        return leaves_str(repr(self), leaves)
+
+    def __jax_array__(self):
+        return JnpRefusal("CSR")
 
     def todense(self) -> jax.Array:
         """The dense ``[M, K]`` array.

@@ -11,8 +11,11 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from . import _native
+from ._args import check_flag
+from ._arraybase import check_unbatched_args
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, whole_csr
+from ._dtypes import accumulation_dtype, index_dtype
 from ._kernel_call import on_cpu
 from ._rowops import (
     coalesce_rows,
@@ -25,12 +28,6 @@ from ._rowops import (
 from ._rows import lookup_slots
 from ._rowsparse import RowSparse, mask_padding
 from ._storage import bool_via_int, operand_dtype, stype
-from ._util import (
-    accumulation_dtype,
-    check_flag,
-    check_unbatched_args,
-    index_dtype,
-)
 
 
 def _matrix_shape(x: Any, transpose: bool, name: str) -> tuple[int, ...]:

@@ -31,8 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._args import capacity_check, check_static_int
+from ._arraybase import broadcast_row_mask, check_unbatched_args
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, add_entries, whole_csr
+from ._dtypes import index_dtype
 from ._rowops import (
     coalesce_rows,
     fit_ids,
@@ -43,11 +46,6 @@ from ._rowops import (
 )
 from ._rowsparse import RowSparse
 from ._storage import apply_dense, bool_via_int, is_sparse, operand_dtype, stype
-from ._util import (
-    broadcast_row_mask,
-    check_unbatched_args,
-    index_dtype,
-)
 
 
 def _is_scalar(x: Any) -> bool:
@@ -259,11 +257,24 @@ def divide(a: Any, b: Any) -> Any:
     return apply_dense(jnp.divide, a, b)
 
 
-def add(a: Any, b: Any) -> Any:
+def add(a: Any, b: Any, *, capacity: int | None = None) -> Any:
     """``a + b`` with storage inference (see the module table).
 
     ``sparse + dense`` is a scatter-add into the dense operand, which is what
-    makes ``optax.apply_updates(params, row_sparse_updates)`` work.
+    makes ``optax.apply_updates(params, row_sparse_updates)`` work. The sum of
+    two RowSparse lists the union of their rows, repeats summed: this is the
+    way to add two row-sparse gradients (``jax.tree.map(jnp.add, g1, g2)``
+    adds their row ids instead).
+
+    Args:
+      a, b: the operands (dense, RowSparse or CSR).
+      capacity: for the sum of two RowSparse, the static row capacity of the
+        result (default ``a.capacity + b.capacity``, which cannot overflow).
+        A fixed capacity keeps the type of a ``lax.scan`` carry or of
+        ``lax.cond`` branches the same from step to step. More distinct rows
+        than ``capacity``: ``ValueError`` when concrete; under jit the
+        largest row ids are left out, which ``checkify.checkify(f,
+        errors=checkify.user_checks)`` reports.
 
     Example:
       >>> import jaxsparse_rows as jsr, jax.numpy as jnp
@@ -271,25 +282,42 @@ def add(a: Any, b: Any) -> Any:
       >>> b = jsr.row_sparse_array(([[1., 1.]], [2]), shape=(3, 2))
       >>> (a + b).indices, jsr.stype(a + jnp.ones((3, 2)))
       (Array([1, 2], dtype=int32), 'default')
+      >>> jsr.add(a, a, capacity=1)
+      RowSparse(float32[3, 2], rows=1)
     """
-    return _add(a, b, "add")
+    if capacity is not None:
+        capacity = check_static_int(capacity, "capacity")
+        if not (stype(a) == stype(b) == "row_sparse"):
+            raise TypeError(
+                "`capacity` sets the row slots of the sum of two RowSparse, got operands of "
+                f"storage types {stype(a)!r} and {stype(b)!r}. Leave it out for other sums."
+            )
+    return _add(a, b, "add", capacity)
 
 
-def _add(a: Any, b: Any, name: str) -> Any:
+def _add(a: Any, b: Any, name: str, capacity: int | None = None) -> Any:
     """:func:`add`, naming ``name`` (``subtract`` routes here) in errors and logs."""
     sa, sb = stype(a), stype(b)
     if sa == sb == "default":
         return jnp.add(a, b)
     check_unbatched_args(name, a, b)
     if _bool_operands(a, b):
-        return bool_via_int(lambda x, y: _add(x, y, name), a, b)
+        return bool_via_int(lambda x, y: _add(x, y, name, capacity), a, b)
     if sa == sb == "row_sparse":
         _same_shape(name, a, b)
         log_inference(name, (sa, sb), "row_sparse")
         ids = jnp.concatenate([a.indices, b.indices])
         dtype = jnp.result_type(a.data, b.data)
         data = jnp.concatenate([a.data.astype(dtype), b.data.astype(dtype)])
-        idx, summed, _ = coalesce_rows(ids, data, a.shape[0], a.capacity + b.capacity)
+        full = a.capacity + b.capacity
+        cap = full if capacity is None else capacity
+        idx, summed, count = coalesce_rows(ids, data, a.shape[0], cap)
+        if cap < min(full, a.shape[0]):  # else it cannot overflow: no check emitted
+            capacity_check(
+                count <= cap,
+                f"{name}: the operands hold more distinct rows than `capacity` = {cap}; rows "
+                "would be left out. Raise `capacity` (a.capacity + b.capacity never overflows).",
+            )
         return RowSparse._make(summed, idx, a.shape)
     if sa == sb == "csr":
         _same_shape(name, a, b)

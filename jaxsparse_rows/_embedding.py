@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ._args import is_concrete
+from ._arraybase import check_unbatched_args
 from ._csr import CSR
 from ._limits import check_table_rows
 from ._rows import as_ids, check_id_range, take
 from ._rowsparse import RowSparse
-from ._util import check_unbatched_args, is_concrete
 
 MODES = ("sum", "mean", "sqrtn", "max")
 

@@ -8,11 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import is_concrete
+from ._arraybase import check_unbatched_args
 from ._csr import CSR, csr_matrix, whole_csr
+from ._dtypes import index_dtype
 from ._rowops import coalesce_rows, fit_ids
 from ._rowsparse import RowSparse, row_sparse_array
 from ._storage import cast_storage
-from ._util import check_unbatched_args, index_dtype, is_concrete
 
 _SCIPY_UNSUPPORTED = ("float16", "bfloat16")
 

@@ -37,8 +37,24 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
-from ._util import explicit_spec, jitted_impl
+from ._sharding import explicit_spec
 from ._vma import match_varying, result_aval
+
+
+@functools.cache
+def _jitted_bind(prim: Any, params: tuple) -> Any:
+    return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+
+def jitted_impl(prim: Any) -> Any:
+    """An eager evaluation rule for ``prim``: one jitted ``prim.bind`` per set
+    of parameters (which must be hashable), compiled once per shape."""
+
+    def impl(*args, **params):
+        return _jitted_bind(prim, tuple(sorted(params.items())))(*args)
+
+    return impl
+
 
 kernel_call_p = Primitive("jsr_kernel_call")
 kernel_call_p.multiple_results = True

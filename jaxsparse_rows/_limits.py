@@ -6,7 +6,7 @@ id. So ``V`` must be at most the index dtype's maximum (2**31 - 1 for int32):
 ids ``0 .. V - 1`` name rows and ``V`` is padding. :func:`check_table_rows`
 refuses a larger table from its shape alone, so it costs nothing and works
 under ``jax.jit``. This module imports no other module of the package but
-``_util`` (which imports none), so any module can call it without a cycle.
+``_dtypes`` (which imports none), so any module can call it without a cycle.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._util import index_dtype
+from ._dtypes import index_dtype
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 

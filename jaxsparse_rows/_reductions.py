@@ -1,4 +1,5 @@
-"""Reductions: ``sum``, ``square_sum`` and ``norm`` over sparse arrays."""
+"""Reductions: ``sum``, ``square_sum`` and ``norm`` over sparse arrays, and
+``sum_stacked`` over a batch of them."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import capacity_check, check_flag, check_static_int
+from ._arraybase import check_unbatched_args
 from ._config import log_inference
 from ._csr import CSR, whole_csr
+from ._dtypes import accumulation_dtype
 from ._elementwise import square
-from ._rowops import scatter_rows_xla, sum_rows_xla, zeros_rows
+from ._rowops import coalesce_rows, scatter_rows_xla, sum_rows_xla, zeros_rows
 from ._rowsparse import RowSparse
 from ._storage import is_sparse, stype
-from ._util import (
-    accumulation_dtype,
-    check_flag,
-    check_unbatched_args,
-)
 
 
 def _check_axis(x: Any, axis: Any) -> int | None:
@@ -110,3 +109,52 @@ def norm(x: Any) -> jax.Array:
     # As jnp.linalg.norm: |x| for complex and a float result for integers
     # (and, as there, the squares of float16 values overflow past 256).
     return jnp.linalg.norm(data.reshape(-1))
+
+
+def sum_stacked(x: RowSparse, *, capacity: int | None = None) -> RowSparse:
+    """The sum of a batch of RowSparse arrays stacked by ``jax.vmap`` (per-example
+    gradients): one RowSparse over the union of their rows, repeats summed.
+
+    ``x`` is what ``jax.vmap`` returns for a function that returns a RowSparse:
+    its ``data`` is ``[B.., k, D1..Dn]`` and its ``indices`` ``[B.., k]`` (any
+    number of batch axes). No ``[V, ...]`` array is built.
+
+    Args:
+      x: a stacked RowSparse (an unstacked one is returned as it is).
+      capacity: static row slots of the result; default ``B * k``, which cannot
+        overflow. More distinct rows than ``capacity``: ``ValueError`` when
+        concrete; under jit the largest row ids are left out, which
+        ``checkify.checkify(f, errors=checkify.user_checks)`` reports.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
+      >>> table = jnp.ones((10, 2))
+      >>> def loss(rows, ids):
+      ...     return jnp.sum(jsr.take(rows, ids) ** 2)
+      >>> def per_example(ids):
+      ...     return jsr.grad(loss)(jsr.pull_rows(table, ids), ids)
+      >>> batch = jax.vmap(per_example)(jnp.array([[1, 3], [3, 7]]))
+      >>> total = jsr.sum_stacked(batch)
+      >>> total.indices[:3], total.data[:3]
+      (Array([1, 3, 7], dtype=int32), Array([[2., 2.],
+             [4., 4.],
+             [2., 2.]], dtype=float32))
+    """
+    if not isinstance(x, RowSparse):
+        raise TypeError(f"`x` must be a (stacked) RowSparse, got {type(x).__name__}.")
+    ids = x.indices
+    if getattr(ids, "ndim", 1) <= 1:
+        return x if capacity is None else x.with_capacity(capacity)
+    batch = tuple(ids.shape[:-1])
+    flat_ids = ids.reshape(-1)
+    flat_data = x.data.reshape((flat_ids.shape[0],) + tuple(x.shape[1:]))
+    full = flat_ids.shape[0]
+    cap = full if capacity is None else check_static_int(capacity, "capacity")
+    idx, summed, count = coalesce_rows(flat_ids, flat_data, x.shape[0], cap)
+    if cap < min(full, x.shape[0]):  # else it cannot overflow: no check emitted
+        capacity_check(
+            count <= cap,
+            f"sum_stacked: the batch of {batch} arrays holds more distinct rows than "
+            f"`capacity` = {cap}; rows would be left out. Raise `capacity`.",
+        )
+    return RowSparse._make(summed, idx, x.shape)

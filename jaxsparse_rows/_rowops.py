@@ -40,15 +40,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._kernel_call import on_cpu
-from ._util import (
-    ROWSPARSE_INDEXING,
-    accumulation_dtype,
-    explicit_spec,
-    index_dtype,
-    jitted_impl,
-    replicated,
-)
+from ._arraybase import ROWSPARSE_INDEXING
+from ._dtypes import accumulation_dtype, index_dtype
+from ._kernel_call import jitted_impl, on_cpu
+from ._sharding import explicit_spec, replicated
 from ._vma import match_varying, result_aval
 
 # ------------------------------------------------------------ XLA references

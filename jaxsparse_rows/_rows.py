@@ -10,19 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ._arraybase import SparseArray
+from ._args import as_int_array, capacity_check, check_static_int, is_concrete
+from ._arraybase import SparseArray, check_unbatched_args
 from ._csr import CSR
+from ._dtypes import index_dtype
 from ._limits import check_table_rows
 from ._rowops import gather_rows, slots_in, unique_rows, zeros_rows
 from ._rowsparse import RowSparse
-from ._util import (
-    as_int_array,
-    capacity_check,
-    check_static_int,
-    check_unbatched_args,
-    index_dtype,
-    is_concrete,
-)
 
 
 def as_ids(ids: Any, name: str = "ids") -> jax.Array:

@@ -12,25 +12,67 @@ import numpy as np
 from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
-from ._arraybase import SparseArray
-from ._limits import check_table_rows
-from ._rowops import gather_rows_xla, scatter_rows_xla, sum_rows_xla, zeros_rows
-from ._util import (
+from ._args import (
     as_data,
     as_int_array,
     as_jax,
-    broadcast_row_mask,
     capacity_check,
     check_static_int,
+    is_concrete,
+    is_shape_tuple,
+)
+from ._arraybase import (
+    SparseArray,
+    broadcast_row_mask,
     check_unbatched,
     check_unbatched_args,
     check_unflattened_ids,
-    index_dtype,
-    is_concrete,
-    is_shape_tuple,
     shape_str,
     stacked_repr,
 )
+from ._dtypes import index_dtype
+from ._limits import check_table_rows
+from ._rowops import gather_rows_xla, scatter_rows_xla, sum_rows_xla, zeros_rows
+
+
+def jnp_refusal(name: str) -> str:
+    """Why ``jax.numpy`` functions refuse a sparse array, and what to use."""
+    return (
+        f"jax.numpy functions do not take a {name}: they would need its dense form, "
+        f"which for a table of many rows is the [N, ...] array a {name} exists to avoid. "
+        "Use jaxsparse_rows' ops, which keep the storage type or say what they build: "
+        "`x.sum()` / `jsr.sum(x, axis)`, `jsr.norm(x)`, `jsr.square_sum(x)`, the "
+        "zero-preserving maps `jsr.sqrt(x)`, `jsr.relu(x)`, `jsr.abs(x)`, ... (see "
+        "`jsr.ZERO_PRESERVING_UNARY`), `jsr.add` / `jsr.multiply` / `x * 2`, `jsr.dot`, "
+        "`jsr.take(x, ids)` for rows, or `x.data` for the stored values; call "
+        "`x.todense()` to build the dense array on purpose."
+    )
+
+
+class JnpRefusal:
+    """What a sparse array's ``__jax_array__`` returns: not an array, so JAX's
+    binary operators hand ``w + x`` to the sparse operand's reflected method,
+    and any ``jax.numpy`` function that tries to convert it fails with a
+    message (this object's repr) that names the ops to use instead."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{jnp_refusal(self.name)}>"
+
+
+def leaves_str(head: str, leaves: dict) -> str:
+    """``head`` and, when every leaf is a known array, each leaf's values."""
+    if not all(isinstance(v, jax.Array | np.ndarray) and is_concrete(v) for v in leaves.values()):
+        return head
+    lines = [head]
+    for name, value in leaves.items():
+        text = np.array2string(np.asarray(value), threshold=40, edgeitems=3)
+        lines.append(f"  {name}={text}".replace("\n", "\n  " + " " * (len(name) + 1)))
+    return "\n".join(lines)
 
 
 def _unpickle(data: np.ndarray, indices: np.ndarray, shape: tuple[int, ...]) -> RowSparse:
@@ -287,11 +329,34 @@ class RowSparse(SparseArray):
         if odd is not None:
             return odd
         head = shape_str(self.data.dtype, self.shape)
+        if not jnp.issubdtype(self.indices.dtype, jnp.integer):  # a float0 cotangent's ids
+            return f"RowSparse({head}, capacity={self.capacity}, indices=float0)"
         if is_concrete(self.indices) and isinstance(self.indices, jax.Array | np.ndarray):
             rows = int(np.sum(np.asarray(self.indices) < self.shape[0]))
             extra = "" if rows == self.capacity else f", capacity={self.capacity}"
             return f"RowSparse({head}, rows={rows}{extra})"
         return f"RowSparse({head}, capacity={self.capacity})"
+
+    def __str__(self) -> str:
+        """The repr, then the stored ``indices`` and ``data`` when they are known
+        (what ``print`` and ``jax.debug.print`` show)."""
+        if not jnp.issubdtype(self.indices.dtype, jnp.integer):  # a float0 cotangent's ids
+            return leaves_str(repr(self), {"data": self.data})
+        return leaves_str(repr(self), {"indices": self.indices, "data": self.data})
+
+    def __jax_array__(self):
+        return JnpRefusal("RowSparse")
+
+    @property
+    def T(self):  # noqa: N802
+        """Not supported: a RowSparse stores rows, and its transpose would store
+        columns. Raises ``TypeError`` pointing to ``jsr.dot(x, y,
+        transpose_a=True)`` (``x.T @ y`` without building the transpose) and
+        ``x.todense().T``."""
+        raise TypeError(
+            "RowSparse has no transpose (it would store columns, not rows); use "
+            "`jsr.dot(x, y, transpose_a=True)` for x.T @ y, or `x.todense().T`."
+        )
 
     def __getitem__(self, key: Any) -> Any:
         raise TypeError(

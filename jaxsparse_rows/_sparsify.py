@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal, Var
 
-from . import _lookups, _rowops, _util
+from . import _dtypes, _lookups, _rowops
 from ._config import StorageFallbackWarning
 from ._rowsparse import RowSparse
 
@@ -161,7 +161,7 @@ def _row_ids(eqn: Any, invals: list[Any]) -> tuple[jax.Array, jax.Array]:
     fill value), and the row its gradient goes to as ``jax.grad`` sends it
     (``V``, dropped, where it gets none). One id per looked-up row."""
     n_rows = eqn.invars[0].aval.shape[0]
-    idt = _util.index_dtype()
+    idt = _dtypes.index_dtype()
     if eqn.primitive.name == "dynamic_slice":
         # starts are clamped into [0, V - 1], for the read and for the gradient
         row = jnp.clip(jnp.asarray(invals[1]).reshape(1), 0, n_rows - 1).astype(idt)
@@ -295,7 +295,7 @@ def _nested(eqn, invals, subs, zs, ids) -> list[Any]:
 
             return run
 
-        idt = _util.index_dtype()
+        idt = _dtypes.index_dtype()
         branches = [branch(br, sub) for br, sub in zip(params["branches"], subs, strict=True)]
         outs, found = lax.switch(invals[0], branches, invals[1:], mine)
         ids.update(found)
@@ -406,7 +406,7 @@ def value_and_grad_flat(
 def _assemble(table: jax.Array, sites: list[_lookups.Site], ids: dict, g_z: dict) -> RowSparse:
     """The RowSparse gradient of ``table`` from its sites' row ids and cotangents."""
     n_rows, row_shape = table.shape[0], table.shape[1:]
-    idt = _util.index_dtype()
+    idt = _dtypes.index_dtype()
     capacity = sum(s.total for s in sites)
     if sites:
         flat_ids = jnp.concatenate([ids[s.number].reshape(-1) for s in sites])

@@ -8,11 +8,13 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import check_static_int, is_concrete
+from ._arraybase import check_unbatched_args
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, empty_csr, whole_csr
+from ._dtypes import index_dtype
 from ._limits import check_table_rows
 from ._rowsparse import RowSparse, as_shape, empty_rowsparse
-from ._util import check_unbatched_args, index_dtype, is_concrete
 
 STYPES = ("default", "row_sparse", "csr")
 
@@ -63,21 +65,39 @@ def _check_stype(stype_: str) -> str:
     return stype_
 
 
-def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
-    """An all-zero array of the given storage type, with zero capacity.
+def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32, *, capacity: int = 0) -> Any:
+    """An all-zero array of the given storage type.
+
+    Args:
+      stype: ``"default"``, ``"row_sparse"`` or ``"csr"``.
+      shape: the dense shape.
+      dtype: the dtype of the values.
+      capacity: row slots of a ``"row_sparse"`` result (all padding), e.g. the
+        initial value of a ``lax.scan`` carry that :func:`jsr.add(..., capacity=k)
+        <jaxsparse_rows.add>` keeps at ``k`` slots; entries of a ``"csr"`` one.
 
     Example:
       >>> import jaxsparse_rows as jsr
       >>> jsr.zeros("row_sparse", (100, 8))
       RowSparse(float32[100, 8], rows=0)
+      >>> jsr.zeros("row_sparse", (100, 8), capacity=4).capacity
+      4
       >>> jsr.zeros("csr", (3, 4), dtype="float16")
       CSR(float16[3, 4], nnz=0)
     """
     stype = _check_stype(stype)
+    capacity = check_static_int(capacity, "capacity")
     if stype == "row_sparse":
-        return empty_rowsparse(shape, dtype)
+        out = empty_rowsparse(shape, dtype)
+        return out.with_capacity(capacity) if capacity else out
     if stype == "csr":
-        return empty_csr(shape, dtype)
+        out = empty_csr(shape, dtype)
+        if not capacity:
+            return out
+        pad = jnp.full((capacity,), out.shape[1], out.indices.dtype)  # padding column id
+        return CSR._make(jnp.zeros((capacity,), out.dtype), pad, out.indptr, out.shape)
+    if capacity:
+        raise ValueError(f"`capacity` applies to sparse storage types, got stype {stype!r}.")
     return jnp.zeros(as_shape(shape, index_dims=0), jnp.dtype(dtype))
 
 

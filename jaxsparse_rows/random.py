@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import check_static_int, is_concrete
 from ._csr import CSR
+from ._dtypes import index_dtype
 from ._rowsparse import RowSparse, as_shape
-from ._util import check_static_int, index_dtype, is_concrete
 
 __all__ = ["csr", "row_sparse"]
 

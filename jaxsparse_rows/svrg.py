@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ._args import check_static_int
 from ._rowops import coalesce_rows, gather_rows, scatter_rows
 from ._rowsparse import RowSparse
-from ._util import check_static_int
 from .optim import apply_updates
 from .optim._tree import check_dense_params
 

@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._args import check_static_int
 from ._csr import CSR, validate_csr
+from ._dtypes import index_dtype
 from ._rowsparse import RowSparse, as_shape, validate_padding_data, validate_row_indices
 from ._storage import stype as _stype
-from ._util import check_static_int, index_dtype
 from .random import check_density
 
 __all__ = [

@@ -11,8 +11,7 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native, _rowops
-from jaxsparse_rows._kernel_call import on_cpu
-from jaxsparse_rows._util import _jitted_bind
+from jaxsparse_rows._kernel_call import _jitted_bind, on_cpu
 
 pytestmark = needs_kernels
 

@@ -11,7 +11,7 @@ import optax.tree_utils as otu
 import pytest
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows._util import index_dtype
+from jaxsparse_rows._dtypes import index_dtype
 
 
 def random_rows(rng, n_rows, trailing, capacity, k=None, dtype=np.float32):

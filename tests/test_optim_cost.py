@@ -18,7 +18,7 @@ from test_optim_common import grad_sequence
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
-from jaxsparse_rows._util import index_dtype
+from jaxsparse_rows._dtypes import index_dtype
 
 # Every test runs with the native CPU row kernels (where built) and with XLA's
 # gathers and scatters.

@@ -12,7 +12,7 @@ from jax.experimental import checkify
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
-from jaxsparse_rows._util import index_dtype
+from jaxsparse_rows._dtypes import index_dtype
 from tests import strategies as sst
 
 DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16]

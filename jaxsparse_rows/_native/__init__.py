@@ -46,7 +46,7 @@ from typing import Any
 
 import jax
 
-from .._util import check_flag
+from .._args import check_flag
 from . import _library
 from ._library import library_path
 from ._registry import (

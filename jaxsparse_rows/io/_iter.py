@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._args import as_data, check_flag, check_static_int
 from .._csr import CSR, csr_matrix
-from .._util import as_data, check_flag, check_static_int, index_dtype
+from .._dtypes import index_dtype
 from ._libsvm import (
     Parsed,
     check_feature_count,

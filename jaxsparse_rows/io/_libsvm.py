@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._args import check_flag, check_static_int
 from .._csr import CSR
-from .._util import check_flag, check_static_int, index_dtype
+from .._dtypes import index_dtype
 
 PathLike = str | os.PathLike
 

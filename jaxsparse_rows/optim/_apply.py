@@ -7,10 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._arraybase import SparseArray
+from .._args import as_jax
+from .._arraybase import SparseArray, check_unbatched
 from .._limits import check_table_rows
 from .._rowops import gather_rows, scatter_rows
-from .._util import as_jax, check_unbatched
 from ._tree import check_like, flatten_like, is_rowsparse, path_name
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import check_flag
+from .._args import check_flag
 
 
 class Range(NamedTuple):

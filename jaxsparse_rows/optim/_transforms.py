@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .._args import check_flag
 from .._csr import CSR
 from .._rowops import gather_rows
 from .._rowsparse import RowSparse
-from .._util import check_flag
 from ._hparams import (
     ABOVE_ZERO,
     check_learning_rate,

@@ -9,13 +9,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._arraybase import SparseArray
+from .._arraybase import SparseArray, check_unbatched
 from .._config import log_inference
 from .._limits import check_table_rows
 from .._rowops import gather_rows, scatter_rows
 from .._rowsparse import RowSparse, mask_padding
 from .._storage import stype
-from .._util import check_unbatched
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "

@@ -1,10 +1,9 @@
-"""Small helpers shared by the array types and the ops: index dtypes,
-concreteness tests, capacity checks and segment helpers (the id bookkeeping of
-unique ids, slots and row coalescing is in ``_ids``)."""
+"""Coercion and checks of user arguments (ids, data, static sizes, flags),
+and of values that are checked eagerly when concrete and through
+``checkify`` under a trace."""
 
 from __future__ import annotations
 
-import functools
 import operator
 from typing import Any
 
@@ -12,13 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
-
-from ._invariants import refuse_invalid
-
-
-def index_dtype() -> np.dtype:
-    """The default index dtype: int32, or int64 when ``jax_enable_x64`` is on."""
-    return jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.int64))
 
 
 def is_concrete(*xs: Any) -> bool:
@@ -68,91 +60,6 @@ def as_int_array(x: Any, name: str, dtype: Any = None, *, host: bool = False) ->
     return jnp.asarray(x, dtype=target)
 
 
-def check_unflattened_ids(cls_name: str, **children: Any) -> None:
-    """Refuses index children that a ``tree_map`` over a sparse array's leaves
-    has turned into floats of the same shape (``optax.scale`` multiplies every
-    leaf, row ids included; a whole-tree cast converts them), instead of
-    building an array whose row ids are fractions.
-
-    Everything else passes: integer ids, leaves without a dtype
-    (``jax.tree.map(jnp.shape, x)``, vmap axis specs), ``float0`` tangents of
-    integer leaves, bool leaves (``jax.tree.map(jnp.isfinite, x)``,
-    ``optax.zero_nans``'s flags) and 0-d summaries (``jax.tree.map(jnp.mean,
-    x)`` for logging).
-    """
-    for name, child in children.items():
-        dtype = getattr(child, "dtype", None)
-        if dtype is None or getattr(dtype, "kind", "i") in "iub":
-            continue  # the common case, decided cheaply: this runs at every unflatten
-        if getattr(child, "ndim", 0) == 0:
-            continue
-        if dtype == jax.dtypes.float0 or not jnp.issubdtype(dtype, jnp.inexact):
-            continue
-        raise TypeError(
-            f"{cls_name} `{name}` must stay integer, got {jnp.dtype(dtype).name}: a "
-            f"function mapped over every leaf of a {cls_name} (e.g. an optax transform "
-            "such as `optax.scale` or `optax.clip`, or a dtype cast of a whole pytree) "
-            "changed its row ids. Map over `.data` only (`jsr.optim.lift_elementwise`, "
-            "`jsr.optim.scale_by_learning_rate`), or skip sparse leaves with "
-            "`is_leaf=jsr.is_sparse`."
-        )
-
-
-def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) -> str | None:
-    """The repr of a sparse array whose leaves are not one array's: stacked by
-    ``jax.vmap`` (ids with leading batch axes) or replaced by ``tree.map``
-    (``jnp.shape``, ``None``); ``None`` for an ordinary one."""
-    ids = list(leaves.values())[-1]
-    if not all(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves.values()):
-        parts = ", ".join(f"{k}={v!r}" for k, v in leaves.items())
-        return f"{cls_name}(shape={tuple(shape)}, {parts})"
-    if ids.ndim == 1:
-        return None
-    data = leaves["data"]
-    head = shape_str(data.dtype, shape)
-    if ids.ndim > 1:
-        slots = list(leaves.values())[1].shape[-1]
-        size = "capacity" if cls_name == "RowSparse" else "nse"
-        return f"{cls_name}({head}, batch={tuple(ids.shape[:-1])}, {size}={slots})"
-    parts = ", ".join(f"{k}={shape_str(v.dtype, v.shape)}" for k, v in leaves.items())
-    return f"{cls_name}({head}, {parts})"
-
-
-def check_unbatched_args(what: str, *args: Any) -> None:
-    """:func:`check_unbatched` for every sparse array among ``args``."""
-    for a in args:
-        if getattr(a, "stype", "default") != "default":
-            check_unbatched(a, what)
-
-
-def check_unbatched(x: Any, what: str) -> None:
-    """Refuses a sparse array whose leaves ``jax.vmap`` stacked (its ids have
-    leading batch axes) where ``what`` needs one array, and a concrete
-    RowSparse that breaks its invariant (see ``_invariants``)."""
-    ids = x.indptr if hasattr(x, "indptr") else x.indices
-    if getattr(ids, "ndim", 1) == 0:
-        raise ValueError(
-            f"{what} needs one {type(x).__name__}, got one whose row ids are a scalar: "
-            "jax.vmap over the rows of a RowSparse (axis 0 of its `data` and `indices`) "
-            "would break its sorted-unique invariant. Map over a dense array instead, e.g. "
-            "`jax.vmap(f)(x.todense())`, or over rows looked up with `jsr.take`."
-        )
-    if getattr(ids, "ndim", 1) != 1:
-        name = type(x).__name__
-        raise ValueError(
-            f"{what} needs one {name}, got a batch of shape {tuple(ids.shape[:-1])} (leaves "
-            f"stacked by jax.vmap: {repr(x)}). Map over the batch with jax.vmap, e.g. "
-            f"`jax.vmap(jsr.todense)(x)`, or pick one with `jax.tree.map(lambda a: a[i], x)`."
-        )
-    if getattr(x, "stype", None) == "row_sparse":
-        refuse_invalid(x, what if what.startswith("the ") else f"the RowSparse given to {what}")
-
-
-def shape_str(dtype: Any, shape: tuple[int, ...]) -> str:
-    """``float32[6, 2]``: the compact shape notation used by reprs and errors."""
-    return f"{jnp.dtype(dtype).name}[{', '.join(str(int(d)) for d in shape)}]"
-
-
 def check_static_int(value: Any, name: str, *, minimum: int = 0) -> int:
     """``value`` as a Python int ``>= minimum``, for a static argument such as a
     capacity: errors name ``name``.
@@ -162,7 +69,7 @@ def check_static_int(value: Any, name: str, *, minimum: int = 0) -> int:
     hide a computed size that is not whole) and a traced value.
 
     Example:
-      >>> from jaxsparse_rows._util import check_static_int
+      >>> from jaxsparse_rows._args import check_static_int
       >>> check_static_int(16, "capacity")
       16
       >>> check_static_int(16.0, "capacity")
@@ -205,13 +112,6 @@ def capacity_check(ok: Any, message: str) -> None:
             raise ValueError(message)
     else:
         checkify.debug_check(ok, message)
-
-
-# Flags for a scatter at the indices of a RowSparse: they are sorted, and
-# unique apart from padding ids (== N), which ``mode="drop"`` skips, so no two
-# writes ever land on one row. On GPU XLA may then store without atomics; on
-# CPU an A/B run of AdaGrad steps was about 7% faster with them.
-ROWSPARSE_INDEXING = {"indices_are_sorted": True, "unique_indices": True}
 
 
 def as_jax(x: Any) -> jax.Array:
@@ -280,53 +180,6 @@ def as_data(data: Any, dtype: Any = None, *, host: bool = False, name: str = "da
         if host:
             return data
     return jnp.asarray(data, dtype=dtype)
-
-
-@functools.cache
-def _jitted_bind(prim: Any, params: tuple) -> Any:
-    return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
-
-
-def jitted_impl(prim: Any) -> Any:
-    """An eager evaluation rule for ``prim``: one jitted ``prim.bind`` per set
-    of parameters (which must be hashable), compiled once per shape."""
-
-    def impl(*args, **params):
-        return _jitted_bind(prim, tuple(sorted(params.items())))(*args)
-
-    return impl
-
-
-def explicit_spec(x: Any):
-    """The PartitionSpec of an array sharded over explicit mesh axes (sharding
-    in types), or None (no mesh, automatic axes, or replicated)."""
-    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    return spec if spec is not None and any(a is not None for a in spec) else None
-
-
-def replicated(x: jax.Array) -> jax.Array:
-    """``x`` resharded to be replicated where it is sharded over explicit mesh
-    axes (an all-gather), else ``x``: for ids that a sort must see whole."""
-    if explicit_spec(x) is None:
-        return x
-    return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
-
-
-def accumulation_dtype(dtype: Any) -> np.dtype:
-    """The dtype sums of ``dtype`` run in: float32 for float16 and bfloat16
-    (as ``jnp.sum`` and ``jnp.dot`` accumulate them; a bfloat16 running sum of
-    ones stops at 256), else ``dtype`` itself."""
-    dtype = jnp.dtype(dtype)
-    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
-        return jnp.dtype(jnp.float32)
-    return dtype
-
-
-def broadcast_row_mask(mask: jax.Array, ndim: int) -> jax.Array:
-    """Reshapes a ``[k]`` mask so it broadcasts against ``[k, D1..Dn]`` data
-    (a ``[S.., k]`` mask of leaves stacked by ``jax.vmap`` against
-    ``[S.., k, D1..Dn]``)."""
-    return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
 def is_shape_tuple(arg: Any) -> bool:
