@@ -1,7 +1,7 @@
 """End-to-end training step of a sparse embedding model, its peak memory and
 its compile behaviour.
 
-Model (issue 6): ids [B = 1024, 4] into a table [V = 1,000,000 x D = 64]
+Model: ids [B = 1024, 4] into a table [V = 1,000,000 x D = 64]
 float32, sum-pool over the 4 ids, a linear head [D -> 1], MSE against a target,
 backward, Adam. Contenders, each one step function:
 

@@ -3,7 +3,7 @@
 the dense optax update on the densified gradient, torch's sparse optimizers and
 the gather/scatter floor.
 
-Default workload (issue 6): parameters [V = 1,000,000 x D = 64] float32, a
+Default workload: parameters [V = 1,000,000 x D = 64] float32, a
 RowSparse gradient with K = 4096 distinct rows. Every JAX step is one jitted
 function with the parameters and optimizer state donated, doing update + apply.
 The floor is a jitted, donated step that only gathers and scatters those K rows
@@ -395,7 +395,7 @@ def main(argv=None) -> None:
             # states do not fit together): interleaved cells read up to 1.6x
             # slower, so mixing the two modes bent the growth the verdict uses.
             # Split into rounds, each with a fresh setup, so that one noisy
-            # block cannot set a cell's median (one did in session 18).
+            # block cannot set a cell's median.
             res = h.measure(
                 cs, args.runs, budget_s=args.budget, interleave=False, rounds=args.rounds
             )

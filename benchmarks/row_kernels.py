@@ -13,7 +13,7 @@ Default workload: a table of V = 1,000,000 rows, K = 65,536 ids (sorted,
 distinct, different ones every call from a pool of 8; random with repeats for
 the sum of rows), every step jitted and, for the scatters, the table donated.
 
-No targets: the issue's targets are on whole steps (``lazy_update.py``,
+No targets: the targets are on whole steps (``lazy_update.py``,
 ``embedding_step.py``); this table is for the kernels' maintainers. The
 column ``native / XLA`` is the ratio of medians (below 1: the kernel is
 faster).

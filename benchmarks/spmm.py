@@ -2,7 +2,7 @@
 ``jsr.dot(csr, dense, transpose_a=True)`` (row-sparse result), against scipy,
 ``jax.experimental.sparse`` BCSR and torch CSR.
 
-Default workload (issue 6): CSR [1024 x 1,000,000] with 32 entries per row
+Default workload: CSR [1024 x 1,000,000] with 32 entries per row
 times dense [1,000,000 x 64]; and that CSR transposed times dense [1024 x 64].
 
 Every contender cycles through a pool of 8 matrices with different column

@@ -267,7 +267,8 @@ def add(a: Any, b: Any, *, capacity: int | None = None) -> Any:
     adds their row ids instead).
 
     Args:
-      a, b: the operands (dense, RowSparse or CSR).
+      a: the first operand (dense, RowSparse or CSR).
+      b: the second operand.
       capacity: for the sum of two RowSparse, the static row capacity of the
         result (default ``a.capacity + b.capacity``, which cannot overflow).
         A fixed capacity keeps the type of a ``lax.scan`` carry or of

@@ -514,9 +514,9 @@ SHARDED_OPS = {
 def test_ops_of_a_csr_sharded_over_an_explicit_axis(op, jit_mode):
     """A CSR whose entries are sharded over an explicit mesh axis (what
     ``jax.device_put`` of a whole batch with a data-parallel sharding gives,
-    ``indptr`` included) failed with a sharding error in every op that places the entries by row
-    and column. Those ops now gather its arrays whole first; the results
-    equal the oracle on a one-device mesh, with padding slots."""
+    ``indptr`` included): every op that places the entries by row and column
+    gathers its arrays whole first; the results equal the oracle on a
+    one-device mesh, with padding slots."""
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -558,12 +558,12 @@ def test_values_only_ops_of_a_sharded_csr_keep_its_sharding():
 
 
 def test_int64_ids_past_2_32_are_dropped_not_wrapped():
-    """XLA:CPU keeps the low 32 bits of a 64-bit index: a malformed column id
-    2**32 + 1 (unchecked under jit) went into column 1 in ``todense``,
-    ``sum(axis=0)`` and ``dense @ csr``, where ``csr @ dense`` drops it; a
-    RowSparse row id likewise in ``todense`` and ``dense @ rsp`` (and in
-    ``sum(axis=1)``, ``+ dense``, ``* dense`` and ``to_bcoo``); a negative
-    one, clipped to -1, landed in the last row or column. All drop them now."""
+    """XLA:CPU keeps the low 32 bits of a 64-bit index, so a malformed column
+    id 2**32 + 1 (unchecked under jit) could land in column 1. ``todense``,
+    ``sum(axis=0)``, ``dense @ csr`` and ``csr @ dense`` drop it, as they drop
+    a RowSparse row id past the end in ``todense``, ``dense @ rsp``,
+    ``sum(axis=1)``, ``+ dense``, ``* dense`` and ``to_bcoo``, and a negative
+    one (not the last row or column)."""
     with jax.enable_x64(True):
         big = jnp.array([2**32 + 1], jnp.int64)
         csr = lambda c: jsr.CSR._make(jnp.ones(1), c, jnp.array([0, 1], jnp.int64), (1, 4))  # noqa: E731

@@ -41,8 +41,11 @@ BLOCK_COUNTS = {
     "ops.md": 4,
     "optimizers.md": 6,
     "training.md": 6,
-    "benchmarks.md": 1,
     "models.md": 3,
+    "getting_started.md": 4,
+    "migrating_from_mxnet.md": 11,
+    "migrating_from_pytorch.md": 4,
+    "lazy_or_dense.md": 2,
 }
 
 # Fence languages the docs may use; anything else (```py, ```pycon, ...) would
@@ -179,19 +182,11 @@ y = jnp.asarray(_rng.standard_normal(B), jnp.float32)
 ids_spec = jax.ShapeDtypeStruct(ids.shape, ids.dtype)
 y_spec = jax.ShapeDtypeStruct(y.shape, y.dtype)
 """,
-    # A one-line fragment of the memory discussion: it re-jits the benchmark's
-    # step (any `step(params, state, ...)` does).
-    ("benchmarks.md", 1): """
-def step(params, state, x):
-    return params - 0.1 * x, state + 1
-""",
 }
 
 # Imports a fragment takes for granted and that the test supplies in the
 # page's namespace (only for pages that are not tutorials).
-FRAGMENT_IMPORTS: dict[tuple[str, int], str] = {
-    ("benchmarks.md", 1): "import jax",  # one `jax.jit(...)` line in a prose page
-}
+FRAGMENT_IMPORTS: dict[tuple[str, int], str] = {}
 
 # Blocks that warn on purpose: (category, message regex).
 EXPECTED_WARNINGS = {
@@ -201,6 +196,10 @@ EXPECTED_WARNINGS = {
             "log(row_sparse): no sparse implementation, the sparse inputs are densified and "
             "the result is dense (correct but as costly as the dense op)."
         ),
+    ),
+    ("migrating_from_mxnet.md", 5): (
+        jsr.StorageFallbackWarning,
+        re.escape("log(row_sparse): no sparse implementation"),
     ),
 }
 
@@ -583,11 +582,169 @@ def _(ns, shown):
     assert isinstance(grads["emb"], jsr.RowSparse) and not isinstance(grads["w"], jsr.RowSparse)
 
 
-@check("benchmarks.md", 1)
+@check("getting_started.md", 1)
 def _(ns, shown):
-    params, state = ns["step"](jnp.ones(3), jnp.zeros(()), jnp.ones(3))
-    np.testing.assert_allclose(params, 0.9)
-    assert int(state) == 1
+    assert repr(shown["a"]) == "RowSparse(float32[5, 2], rows=2)"
+    np.testing.assert_array_equal(shown["a.indices"], [0, 3])
+    expected = [[1, 2], [0, 0], [0, 0], [3, 4], [0, 0]]
+    np.testing.assert_array_equal(shown["a.todense()"], expected)
+
+
+@check("getting_started.md", 2)
+def _(ns, shown):
+    assert shown["jsr.stype(a * 2)"] == "row_sparse"
+    assert shown["jsr.stype(a + jnp.ones((5, 2)))"] == "default"
+    assert isinstance(ns["a"] + jnp.ones((5, 2)), jax.Array)  # "a dense jax.Array"
+
+
+@check("getting_started.md", 3)
+def _(ns, shown):
+    expected = [[1, 0, 0, 0, 2, 0], [0, 0, 3, 0, 0, 0], [0, 0, 0, 0, 4, 0]]
+    np.testing.assert_array_equal(shown["x.todense()"], expected)
+    np.testing.assert_array_equal(shown["jsr.dot(x, w)"], [[8], [6], [16]])
+    g = shown["jsr.dot(x, jnp.ones((3, 1)), transpose_a=True)"]
+    assert isinstance(g, jsr.RowSparse) and int(g.nnz_rows) == 3  # "over features 0, 2, 4"
+    np.testing.assert_array_equal(g.indices[:3], [0, 2, 4])
+    np.testing.assert_array_equal(g.todense()[:, 0], [1, 0, 3, 0, 6, 0])
+
+
+@check("getting_started.md", 4)
+def _(ns, shown):
+    assert float(shown["loss"]) < 0.05  # "about 0.01"
+    params, batch = ns["params"], next(iter(ns["batches"]))
+    view = {"w": jsr.pull_rows(params["w"], batch.x.indices), "b": params["b"]}
+    grads = jsr.grad(ns["loss_fn"])(view, batch)
+    assert isinstance(grads["w"], jsr.RowSparse)  # "grads["w"]: RowSparse"
+    assert isinstance(grads["b"], jax.Array)
+
+
+@check("migrating_from_mxnet.md", 1)
+def _(ns, shown):
+    assert shown["a.stype, c.stype, z.stype"] == ("row_sparse", "csr", "row_sparse")
+    np.testing.assert_array_equal(shown["a.indices"], [1, 3])
+    np.testing.assert_array_equal(shown["c.indptr"], [0, 2, 2, 3])
+    out = shown["a.asnumpy()"]
+    assert isinstance(out, np.ndarray) and out.flags.writeable
+    np.testing.assert_array_equal(out, [[0, 0], [1, 2], [0, 0], [3, 4]])
+
+
+@check("migrating_from_mxnet.md", 2)
+def _(ns, shown):
+    a = ns["a"]
+    assert jsr.stype(ns["d"]) == "default"
+    assert jsr.stype(ns["r"]) == "row_sparse"
+    np.testing.assert_array_equal(ns["r"].indices, [1, 3])  # "rows 1 and 3"
+    assert ns["b"] is not a and ns["b"].data is not a.data  # "new buffers"
+    np.testing.assert_array_equal(ns["b"].todense(), a.todense())
+    assert jsr.stype(ns["e"]) == "default"
+    np.testing.assert_array_equal(ns["e"], a.todense())
+
+
+@check("migrating_from_mxnet.md", 3)
+def _(ns, shown):
+    np.testing.assert_array_equal(shown["jsr.retain(a, [1, 2]).indices"], [1, 2])
+    np.testing.assert_array_equal(jsr.retain(ns["a"], [1, 2]).data, [[1, 2], [0, 0]])
+    assert isinstance(ns["g"], jsr.RowSparse)
+    np.testing.assert_array_equal(shown["g.todense()"], [[7, 7], [9, 9], [8, 8], [0, 0]])
+
+
+@check("migrating_from_mxnet.md", 4)
+def _(ns, shown):
+    values = list(shown.values())
+    assert values == ["row_sparse", "row_sparse", "row_sparse", "default"]
+
+
+@check("migrating_from_mxnet.md", 5)
+def _(ns, shown):
+    assert jsr.stype(ns["d"]) == "default"
+    np.testing.assert_array_equal(ns["d"], jnp.log(ns["a"].todense()))
+
+
+@check("migrating_from_mxnet.md", 7)
+def _(ns, shown):
+    lazy = shown["jsr.optim.apply_updates(w, lazy_updates)"]
+    dense = shown["jsr.optim.apply_updates(w, dense_updates)"]
+    np.testing.assert_allclose(lazy, [[1, 1], [0.94, 0.94], [0.94, 0.94], [1, 1]], rtol=1e-6)
+    np.testing.assert_allclose(
+        dense, [[0.99, 0.99], [0.94, 0.94], [0.94, 0.94], [0.99, 0.99]], rtol=1e-6
+    )
+
+
+@check("migrating_from_mxnet.md", 8)
+def _(ns, shown):
+    assert float(ns["mse"]) < 1  # "below 1", as MXNet's tutorial asserts
+    assert ns["run_epoch"]._cache_size() == 1  # one compiled epoch
+
+
+@check("migrating_from_mxnet.md", 9)
+def _(ns, shown):
+    assert shown["batch.x.shape, batch.y.shape"] == ((100, 100), (100,))
+    libsvm = list(ns["libsvm"])
+    np.testing.assert_allclose(
+        jnp.concatenate([b.x.todense() for b in libsvm]), ns["x"].todense(), rtol=1e-5
+    )
+    assert sum(int(b.num_rows) for b in ns["arrays"]) == 1000
+
+
+@check("migrating_from_mxnet.md", 10)
+def _(ns, shown):
+    assert repr(ns["rows"]) == "RowSparse(float32[1000, 8], rows=3, capacity=4)"
+    np.testing.assert_array_equal(shown["rows.indices"], [3, 7, 999, 1000])
+
+
+@check("migrating_from_mxnet.md", 11)
+def _(ns, shown):
+    x, y = ns["x"], ns["y"]
+
+    def mse(p):
+        return float(jnp.mean((jsr.dot(x, p["w"])[:, 0] + p["b"] - y) ** 2))
+
+    start = {"w": jnp.zeros((100, 1)), "b": jnp.zeros(1)}
+    assert mse(ns["svrg_params"]) < 0.5 * mse(start)
+
+
+@check("migrating_from_pytorch.md", 1)
+def _(ns, shown):
+    np.testing.assert_array_equal(ns["moved"], [1, 5, 9, 42])
+    assert np.isfinite(float(ns["loss"]))
+
+
+@check("migrating_from_pytorch.md", 2)
+def _(ns, shown):
+    table, pooled = np.asarray(ns["params"]["emb"]), ns["pooled"]
+    assert pooled.shape == (2, 16)
+    np.testing.assert_allclose(pooled[0], table[1] + 0.5 * table[5], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pooled[1], 2.0 * table[7], rtol=1e-5, atol=1e-6)
+    assert 0 not in np.asarray(ns["view"].indices)
+
+
+@check("migrating_from_pytorch.md", 3)
+def _(ns, shown):
+    assert shown['jsr.stype(grads["emb"])'] == "row_sparse"
+    params, ids, y = ns["params"], ns["ids"], ns["y"]
+    dense = jax.grad(ns["plain_loss"])(params, ids, y)
+    np.testing.assert_allclose(ns["grads"]["emb"].todense(), dense["emb"], rtol=1e-5, atol=1e-7)
+
+
+@check("migrating_from_pytorch.md", 4)
+def _(ns, shown):
+    assert np.isfinite(float(ns["loss"]))
+    accumulators = optax.tree_utils.tree_get(ns["state"], "sum_of_squares")
+    assert np.any(np.asarray(accumulators["emb"]) != 0)
+
+
+@check("lazy_or_dense.md", 1)
+def _(ns, shown):
+    assert ns["touched"] == pytest.approx(0.064, abs=0.001)  # "about 0.064"
+
+
+@check("lazy_or_dense.md", 2)
+def _(ns, shown):
+    updates, w = ns["updates"], ns["w"]
+    assert not isinstance(updates, jsr.RowSparse)  # every row, by the dense rule
+    dense_opt = optax.adam(1e-3)
+    expected, _ = dense_opt.update(ns["grad"].todense(), dense_opt.init(w), w)
+    np.testing.assert_allclose(updates, expected, rtol=1e-6, atol=1e-9)
 
 
 # --- the tests -----------------------------------------------------------------

@@ -458,8 +458,8 @@ def test_vmap_over_dense_operand(rng):
 
 def test_products_of_a_csr_sharded_over_an_explicit_axis():
     """A CSR whose entries (``data``, ``indices``) are sharded over an explicit
-    mesh axis failed in every product with a broadcast's sharding error. The
-    products now gather its arrays whole first: all three products equal the
+    mesh axis: the products gather its arrays whole first (not a broadcast's
+    sharding error), and all three products equal the
     unsharded ones (one-device mesh), and the gradient with respect to the
     values comes back sharded like them, eagerly and under jit."""
     from jax.sharding import AxisType, NamedSharding

@@ -353,8 +353,8 @@ def test_mismatched_dense_operand_errors_name_the_op_and_shapes(op, name, stype_
 )
 def test_sparse_operands_of_two_storage_types_broadcast_densely(op, name):
     """Their result is dense (the fallback), so they broadcast as dense arrays
-    do; shapes that do not broadcast failed inside the fallback with JAX's
-    "mul got incompatible shapes", and now name the op."""
+    do; shapes that do not broadcast raise an error that names the op, not
+    JAX's "mul got incompatible shapes" from inside the fallback."""
     rsp = jsr.row_sparse_array(([[1.0, 2.0, 3.0, 4.0]], [0]), shape=(1, 4))
     csr = jsr.csr_matrix(np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4))
     with warnings.catch_warnings():

@@ -204,7 +204,7 @@ def test_lookup_gradient_is_the_native_sum_without_a_scatter(rng):
 @pytest.mark.parametrize("on", [True, False])
 def test_linear_transpose_through_pull_rows_and_take(on):
     """``pull_rows`` and ``take`` (dense and RowSparse) are linear in the table,
-    and ``jax.linear_transpose`` now goes through them: the transpose of the
+    and ``jax.linear_transpose`` goes through them: the transpose of the
     lookup counts every id's uses in its row."""
     table = jnp.ones((10, 2))
     ids = jnp.array([3, 7, 3])

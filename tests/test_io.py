@@ -223,8 +223,8 @@ def test_integer_data_is_saved_exactly(tmp_path, dtype):
 
 
 def test_a_line_longer_than_many_chunks_is_read_whole(tmp_path):
-    """The unfinished line was re-joined and re-searched on every read
-    (quadratic in its length); it is now kept in pieces. Same result."""
+    """The unfinished line is kept in pieces rather than re-joined and
+    re-searched on every read (quadratic in its length). Same result."""
     path = tmp_path / "long.svm"
     feats = " ".join(f"{i}:{i % 7 + 1}" for i in range(1, 3001))
     path.write_text(f"1 {feats}\n-1 2:5\n")

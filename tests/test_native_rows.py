@@ -266,9 +266,9 @@ def test_repeated_ids_on_the_threaded_path_are_added_once(rng, ids):
 @pytest.mark.parametrize("pattern", ["alternating", "shuffled", "padding_between"])
 def test_unsorted_repeats_on_the_threaded_path_are_added_once(rng, pattern):
     """Ids traced into a RowSparse under jit are not validated. Repeats that
-    are not adjacent (0, 1, 0, 1, ...) used to be split over threads, which
-    then added into one row at once and lost updates (about half of the runs
-    with 2 threads). Such ids now run on one thread, in order, like XLA's
+    are not adjacent (0, 1, 0, 1, ...) must not be split over threads, which
+    would add into one row at once and lose updates (about half of the runs
+    with 2 threads). Such ids run on one thread, in order, like XLA's
     scatter: every repeat is added exactly once, every run."""
     n, k, d = 4, 2000, 4096  # long enough pieces that the pool's thread joins in
     ids = np.arange(k) % 2
@@ -722,9 +722,9 @@ print("sharded_csr", _spec(xs.data) == ("x",), same_rows, all(
 
 @pytest.mark.parametrize("on", [True, False])
 def test_int64_ids_past_2_32_are_dropped_by_both_scatters(on):
-    """XLA:CPU's scatter keeps the low 32 bits of an int64 index, so the XLA
-    twin wrote id 2**32 + 1 into row 1 where the kernel drops it; both (and
-    the JVP's tangent, which always runs the twin) now drop it."""
+    """XLA:CPU's scatter keeps the low 32 bits of an int64 index, so a plain
+    XLA twin would write id 2**32 + 1 into row 1 where the kernel drops it;
+    both (and the JVP's tangent, which always runs the twin) drop it."""
     with jax.enable_x64(True), kernels_set(on):
         idx = jnp.array([0, 2**32 + 1], jnp.int64)
         f = jax.jit(lambda dense, i: dense + jsr.RowSparse(jnp.ones((2, 2)), i, (4, 2)))
@@ -743,7 +743,7 @@ def test_int64_ids_past_2_32_are_dropped_by_both_scatters(on):
 
 def test_csr_indptr_past_2_32_gives_the_same_rows_with_kernels_on_and_off():
     """A malformed int64 indptr past nse: the kernel clamps it to nse; the XLA
-    twin's row ids used to wrap it to 1 and put the other entries in row 1."""
+    twin's row ids must not wrap it to 1 and put the other entries in row 1."""
     with jax.enable_x64(True):
         x = jsr.CSR._make(
             jnp.ones(3), jnp.arange(3, dtype=jnp.int64), jnp.array([0, 2**32 + 1]), (1, 3)
@@ -777,11 +777,12 @@ def _prefetches_by_function(lib) -> dict[str, int]:
 
 def test_scatter_loops_keep_their_prefetches():
     """The scatters prefetch the rows a few ids ahead, as the gather does.
-    GCC 12 at -O3 once compiled every scatter loop without them (the gather
-    kept its own), which made the in-place ``+=`` of ``apply_updates`` about
-    1.7x slower than XLA's scatter on a 1M-row table; ``Rows::Row`` is now
-    always inlined, which keeps them. This reads the built library's machine
-    code: the functions that hold the scatter loops must contain prefetches."""
+    GCC 12 at -O3 compiles every scatter loop without them unless
+    ``Rows::Row`` is inlined (the gather keeps its own), which makes the
+    in-place ``+=`` of ``apply_updates`` about 1.7x slower than XLA's scatter
+    on a 1M-row table; ``Rows::Row`` is always inlined, which keeps them.
+    This reads the built library's machine code: the functions that hold the
+    scatter loops must contain prefetches."""
     if shutil.which("objdump") is None:
         pytest.skip("objdump (binutils) is not installed")
     if platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"):

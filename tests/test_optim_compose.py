@@ -122,8 +122,8 @@ def test_clip_by_global_norm_ignores_padding_and_keeps_indices(jit_mode, max_nor
 
 @pytest.mark.parametrize("plain", [optax.scale(-1.0), optax.clip(0.5)])
 def test_plain_optax_elementwise_transforms_are_refused_and_lifted_work(jit_mode, plain):
-    """optax maps these over every leaf, row ids included (which became float
-    fractions before); unflattening now refuses non-integer ids, naming the fix."""
+    """optax maps these over every leaf, row ids included (which would become
+    float fractions); unflattening refuses non-integer ids, naming the fix."""
     g = jsr.RowSparse([[1.0, 2.0]], [2], shape=(4, 2))
     with pytest.raises(TypeError, match="RowSparse `indices` must stay integer.*lift_elementwise"):
         jit_mode(plain.update)(g, plain.init(None))
@@ -181,8 +181,8 @@ def test_schedule_transform_lifted(jit_mode):
 )
 def test_optax_transforms_that_keep_ids_integer_are_refused_by_apply_updates(plain):
     """These cast their factor to each leaf's dtype, so the row ids stay
-    integer but become [0, 0], [6, 9] or [1, 1]: the sum landed in the wrong
-    row or was dropped as padding, silently. ``apply_updates`` now refuses
+    integer but become [0, 0], [6, 9] or [1, 1]: the sum would land in the
+    wrong row or be dropped as padding, silently. ``apply_updates`` refuses
     such ids when they are concrete; lifted, the transform is right."""
     w = jnp.zeros((4, 1))
     g = jsr.RowSparse([[1.0], [1.0]], [2, 3], shape=(4, 1))

@@ -118,8 +118,8 @@ def test_scan_and_grad_carry():
 
 @pytest.mark.parametrize("index", [1, 3])
 def test_mapping_row_ids_to_floats_is_refused(jit_mode, index):
-    """A tree_map over every leaf (optax.scale, a whole-tree dtype cast) used to
-    build arrays with fractional row ids; unflattening now refuses them."""
+    """A tree_map over every leaf (optax.scale, a whole-tree dtype cast) would
+    build arrays with fractional row ids; unflattening refuses them."""
     x = arrays()[index]
     name = type(x).__name__
     with pytest.raises(TypeError, match=f"{name} `indices` must stay integer, got float32"):
@@ -211,9 +211,9 @@ STACKED_MISUSES = {
 
 @pytest.mark.parametrize("op", sorted(STACKED_MISUSES))
 def test_ops_refuse_arrays_stacked_by_vmap_outside_it(op):
-    """Outside vmap these merged the batch (``asnumpy``, ``+ dense``,
-    ``sum``), summed the wrong axis, returned extra axes or failed with raw
-    JAX errors; they now say to map over the batch."""
+    """Outside vmap these would merge the batch (``asnumpy``, ``+ dense``,
+    ``sum``), sum the wrong axis, return extra axes or fail with raw JAX
+    errors; instead they say to map over the batch."""
     with pytest.raises(ValueError, match=r"needs one (RowSparse|CSR), got a batch of shape \(4,\)"):
         STACKED_MISUSES[op](*_stacks())
 
@@ -230,9 +230,9 @@ def test_ops_refuse_arrays_stacked_by_vmap_outside_it(op):
     ids=["take", "todense", "retain", "sum", "plus dense"],
 )
 def test_vmap_over_the_rows_of_a_rowsparse_is_refused_by_name(op):
-    """``jax.vmap`` over a RowSparse's rows (axis 0 of data and indices) gave
-    an IndexError, "a batch of shape ()", or (``+ dense``) a wrong [3, 8, 3]
-    result; the docs say it does not apply, and the error now says so."""
+    """``jax.vmap`` over a RowSparse's rows (axis 0 of data and indices) does
+    not apply (the docs say so): instead of an IndexError, "a batch of shape
+    ()", or (``+ dense``) a wrong [3, 8, 3] result, the error says so."""
     v = jsr.pull_rows(jnp.ones((8, 3)), jnp.array([1, 4, 6]))
     with pytest.raises(ValueError, match=r"row ids are a scalar: jax.vmap over the rows"):
         jax.vmap(op)(v)

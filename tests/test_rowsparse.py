@@ -367,8 +367,9 @@ TRUTH_CASES = [
 
 @pytest.mark.parametrize("stype, shape, rows", TRUTH_CASES)
 def test_truth_value_follows_numpy(stype, shape, rows):
-    """``bool(x)`` is the dense array's: defined for one element only. Python
-    used to fall back on ``__len__``, so any RowSparse with rows was true."""
+    """``bool(x)`` is the dense array's: defined for one element only (not
+    Python's fallback on ``__len__``, which would call any RowSparse with
+    rows true)."""
     dense = np.zeros(shape, np.float32)
     dense[:rows] = 1.5
     x = jsr.cast_storage(jnp.asarray(dense), stype)
@@ -390,8 +391,8 @@ def test_truth_value_of_a_stored_zero_is_false():
 
 
 def test_host_indices_are_validated_inside_jit_too():
-    """numpy / list indices are known inside jit; jnp.asarray used to trace them
-    first, so nothing was checked (duplicates made todense and sum disagree)."""
+    """numpy / list indices are known inside jit, so they are checked there too
+    (unchecked duplicates would make todense and sum disagree)."""
     data = np.array([[1.0], [2.0]], np.float32)
     with pytest.raises(ValueError, match="must be < N = 3"):
         jax.jit(lambda: jsr.RowSparse(data[:1], np.array([5]), (3, 1)).todense())()

@@ -225,8 +225,8 @@ def test_fit_refuses_a_one_shot_iterator_and_keeps_re_iterables():
     ],
 )
 def test_fit_checks_its_counts(kwargs, exc, match):
-    """``update_freq=True`` used to run as 1 and ``num_epochs=2.0`` to be
-    refused only as "not an int" with a ValueError."""
+    """``update_freq=True`` is refused rather than run as 1, and
+    ``num_epochs=2.0`` with a message that says more than "not an int"."""
     data = [jnp.array([1.0]), jnp.array([3.0])]
     kwargs = {"num_epochs": 1, **kwargs}
     with pytest.raises(exc, match=match):

@@ -163,9 +163,9 @@ inline void ZeroCached(char* p, int64_t bytes) {
 // Sums rows[i] into out[ids[i]] for ids in any order, repeats included. The
 // output rows are zeroed in parallel row ranges; the sum then runs on the
 // calling thread, in the order of the ids (the summation order within an
-// output element). It used to be split by columns over the pool, each thread
-// walking every id over its own cache lines of the rows: that strided read
-// made it 1.3 to 4x slower than one thread, on 2 cores from D = 64 up.
+// output element). Splitting it by columns over the pool instead, each thread
+// walking every id over its own cache lines of the rows, is 1.3 to 4x slower
+// than one thread on 2 cores from D = 64 up (a strided read).
 template <typename T, typename I>
 ffi::Error SumRowsT(ffi::ThreadPool& pool, ffi::AnyBuffer rows, ffi::AnyBuffer ids,
                     ffi::Result<ffi::AnyBuffer> out) {

@@ -21,16 +21,15 @@ constexpr int64_t kPrefetchAhead = 8;          // ids ahead whose row is prefetc
 // Of each such row only the first cache line is prefetched: that starts the
 // page walk and the first line early, and the rest of the row follows it in
 // (the hardware's adjacent-line prefetch, out-of-order loads). Prefetching
-// every line of a 256-byte row (up to 1 kB, before session 18) made the
-// scatter-set 0.96 to 1.41x XLA's time at V = 10^7 against 0.75 to 0.82x
-// now, and lazy Adam's step 0.73 to 1.21x its XLA floor's against 0.60 to
-// 0.77x; no change seen at V = 10^4 or 10^6 (benchmarks.md, "Session 18").
+// every line of a wide row instead is slower on tables too large for the
+// caches (V = 10^7: the scatter-set about 1.2 to 1.7x the time of the
+// one-line prefetch), and no faster at V = 10^4 or 10^6.
 constexpr int64_t kMaxPrefetchBytes = 64;
 constexpr int64_t kParallelMinBytes = 1 << 17; // moved bytes below which one thread is faster
 
 // PrefetchRow and Rows::Row are always inlined: without that, GCC 12 at -O3
-// compiled the scatter loops with no prefetch at all (the gather kept its
-// own), and the in-place add ran about 1.7x slower than XLA's scatter.
+// compiles the scatter loops with no prefetch at all (the gather keeps its
+// own), and the in-place add runs about 1.7x slower than XLA's scatter.
 // tests/test_native_rows.py reads the built library to keep it so.
 __attribute__((always_inline)) inline void PrefetchRow(const char* row, int64_t bytes, bool write) {
   if (write) {
