@@ -15,6 +15,9 @@ from kernel_switch import kernels_set
 import jaxsparse_rows as jsr
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Oracles compute at full precision on every device: a GPU's default float32
+# matmul (TF32) would miss the suite's tolerances by itself.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 settings.register_profile(
     "default",

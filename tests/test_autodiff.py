@@ -90,7 +90,11 @@ def test_csr_batch_gradient(jit_mode, rng):
         return jsr.value_and_grad(loss)(jsr.pull_rows(w, x.indices), x, y)
 
     val, g = jit_mode(step)(w, x, y)
-    val_ref, g_ref = jax.value_and_grad(lambda w: jnp.sum((jnp.asarray(dense_x) @ w - y) ** 2))(w)
+
+    def ref_loss(w):  # full precision on every device (a GPU matmul defaults to TF32)
+        return jnp.sum((jnp.matmul(jnp.asarray(dense_x), w, precision="highest") - y) ** 2)
+
+    val_ref, g_ref = jax.value_and_grad(ref_loss)(w)
     np.testing.assert_allclose(val, val_ref, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g.todense()), np.asarray(g_ref), rtol=1e-4, atol=1e-5)
     stored = set(np.asarray(g.indices)[np.asarray(g.indices) < v].tolist())
