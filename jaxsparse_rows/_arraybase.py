@@ -45,11 +45,12 @@ def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) 
     if not all(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves.values()):
         parts = ", ".join(f"{k}={v!r}" for k, v in leaves.items())
         return f"{cls_name}(shape={tuple(shape)}, {parts})"
-    if ids.ndim == 1:
+    ndim = len(ids.shape)  # (placeholders such as flax's ArrayRepr have no ndim)
+    if ndim == 1:
         return None
     data = leaves["data"]
     head = shape_str(data.dtype, shape)
-    if ids.ndim > 1:
+    if ndim > 1:
         slots = list(leaves.values())[1].shape[-1]
         size = "capacity" if cls_name == "RowSparse" else "nse"
         return f"{cls_name}({head}, batch={tuple(ids.shape[:-1])}, {size}={slots})"

@@ -41,7 +41,7 @@ BLOCK_COUNTS = {
     "ops.md": 4,
     "optimizers.md": 6,
     "training.md": 6,
-    "models.md": 3,
+    "models.md": 11,
     "getting_started.md": 4,
     "migrating_from_mxnet.md": 11,
     "migrating_from_pytorch.md": 4,
@@ -181,6 +181,25 @@ ids = jnp.asarray(_rng.integers(0, V, (B, L)), jnp.int32)
 y = jnp.asarray(_rng.standard_normal(B), jnp.float32)
 ids_spec = jax.ShapeDtypeStruct(ids.shape, ids.dtype)
 y_spec = jax.ShapeDtypeStruct(y.shape, y.dtype)
+""",
+    # The framework recipes need the test extra's flax, orbax and equinox.
+    ("models.md", 4): """
+import pytest
+pytest.importorskip("flax.nnx", reason="flax is not installed (test extra)")
+""",
+    ("models.md", 7): """
+import pytest
+pytest.importorskip("orbax.checkpoint", reason="orbax-checkpoint is not installed (test extra)")
+""",
+    # linen and equinox modules are dataclasses, which look their module up in
+    # sys.modules: the page's namespace stands for the reader's script there.
+    ("models.md", 8): """
+import sys, types
+sys.modules.setdefault(__name__, types.ModuleType(__name__))
+""",
+    ("models.md", 10): """
+import pytest
+pytest.importorskip("equinox", reason="equinox is not installed (test extra)")
 """,
 }
 
@@ -580,6 +599,79 @@ def _(ns, shown):
     assert "`params['emb']`" in message and "`transpose`" in message
     grads = ns["grads"]  # by_size marks "emb" only
     assert isinstance(grads["emb"], jsr.RowSparse) and not isinstance(grads["w"], jsr.RowSparse)
+
+
+def _moved_rows(before, after):
+    return np.nonzero(np.any(np.asarray(before) != np.asarray(after), axis=1))[0]
+
+
+@check("models.md", 4)
+def _(ns, shown):
+    assert np.isfinite(float(ns["loss"]))
+
+
+@check("models.md", 5)
+def _(ns, shown):
+    from flax import nnx
+
+    g = shown["grads.embed.embedding.get_value()"]
+    assert repr(g) == "RowSparse(float32[10000, 16], rows=4, capacity=6)"
+    model, ids, labels = ns["model"], ns["ids"], ns["labels"]
+    (_, _), dense = nnx.value_and_grad(ns["loss_fn"], has_aux=True)(model, ids, labels)
+    np.testing.assert_allclose(g.todense(), dense["embed"]["embedding"][...], rtol=1e-5, atol=1e-7)
+    # "moves rows 3, 7, 42 and 9999": a step from a fresh model
+    fresh = ns["ClickModel"](10_000, 16, rngs=nnx.Rngs(0))
+    before = np.array(fresh.embed.embedding[...])  # a copy: a view would keep the buffer
+    opt = nnx.Optimizer(fresh, jsr.optim.lazy_adam(1e-2), wrt=nnx.Param)
+    table = fresh.embed.embedding.get_value()
+    ns["train_step"](fresh, opt, ids, labels)
+    assert table.is_deleted()  # donated
+    np.testing.assert_array_equal(_moved_rows(before, fresh.embed.embedding[...]), [3, 7, 42, 9999])
+
+
+@check("models.md", 6)
+def _(ns, shown):
+    model, optimizer = ns["model"], ns["optimizer"]
+    count = int(model.dropout.rngs.count[...])
+    ns["train_step"](model, optimizer, ns["ids"], ns["labels"])
+    assert int(model.dropout.rngs.count[...]) == count + 1  # the random stream advances
+    assert int(optimizer.step[...]) == 2
+
+
+@check("models.md", 7)
+def _(ns, shown):
+    from flax import nnx
+
+    restored = jax.tree.leaves(ns["restored"])
+    current = jax.tree.leaves({"model": nnx.state(ns["model"]), "opt": nnx.state(ns["optimizer"])})
+    assert len(restored) == len(current)
+    for a, b in zip(restored, current, strict=True):
+        np.testing.assert_array_equal(a, b)  # the round trip is exact
+
+
+@check("models.md", 9)
+def _(ns, shown):
+    state, ids, labels = ns["state"], ns["ids"], ns["labels"]
+    assert int(state.step) == 1
+    before = ns["model"].init(jax.random.key(0), ids)["params"]["Embed_0"]["embedding"]
+    after = np.asarray(state.params["Embed_0"]["embedding"])
+    np.testing.assert_array_equal(_moved_rows(before, after), [3, 7, 42, 9999])
+
+    def loss_fn(params):
+        logits = state.apply_fn({"params": params}, ids)
+        return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
+
+    grads = jsr.grad(loss_fn, sparse="auto")(state.params)
+    assert isinstance(grads["Embed_0"]["embedding"], jsr.RowSparse)
+    assert not isinstance(grads["Dense_0"]["kernel"], jsr.RowSparse)
+
+
+@check("models.md", 11)
+def _(ns, shown):
+    start = ns["EqxClickModel"](10_000, 16, jax.random.key(0)).embed.weight
+    after = ns["model"].embed.weight
+    np.testing.assert_array_equal(_moved_rows(start, after), [3, 7, 42, 9999])
+    assert int(optax.tree_utils.tree_get(ns["opt_state"], "count")) == 1
 
 
 @check("getting_started.md", 1)

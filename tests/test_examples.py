@@ -4,6 +4,7 @@ its summary line; every example answers `--help`."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
+# Examples of a framework in the test extra: skipped where it is not installed.
+REQUIRES = {"flax_recommender": "flax", "equinox_text_classifier": "equinox"}
 
 
 def _run(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -32,8 +35,9 @@ def _run(name: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def smoke_runs():
     """All smoke runs at once (subprocesses overlap their start-up and compiles)."""
+    runnable = [n for n in NAMES if n not in REQUIRES or importlib.util.find_spec(REQUIRES[n])]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(_run, name, "--smoke") for name in NAMES}
+        futures = {name: pool.submit(_run, name, "--smoke") for name in runnable}
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -44,11 +48,17 @@ def test_all_examples_are_listed():
         "linear_classification",
         "sparse_linear_regression",
         "svrg_linear_regression",
+        "flax_recommender",
+        "equinox_text_classifier",
     }
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_example_smoke(smoke_runs, name):
+    if name in REQUIRES:
+        pytest.importorskip(
+            REQUIRES[name], reason=f"{REQUIRES[name]} is not installed (test extra)"
+        )
     proc = smoke_runs[name]
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     last = proc.stdout.strip().splitlines()[-1]
@@ -65,6 +75,9 @@ def test_smoke_outputs_are_meaningful(smoke_runs):
     assert "SGD MSE" in out and "SVRG MSE" in out
     out = smoke_runs["linear_classification"].stdout
     assert "Epoch 1, loss = " in out and "accuracy = " in out
+    for name in REQUIRES:
+        if name in smoke_runs:
+            assert re.search(r"loss [0-9.]+ -> [0-9.]+; held-out accuracy", smoke_runs[name].stdout)
 
 
 @pytest.mark.parametrize("name", NAMES)
