@@ -275,7 +275,8 @@ class CSR(SparseArray):
         """The repr, then the stored ``data``, ``indices`` and ``indptr`` when
         they are known (what ``print`` and ``jax.debug.print`` show)."""
         leaves = {"data": self.data, "indices": self.indices, "indptr": self.indptr}
-        if not jnp.issubdtype(self.indptr.dtype, jnp.integer):  # a float0 cotangent's ids
+        ids_dtype = getattr(self.indptr, "dtype", None)  # (leaves mapped to non-arrays)
+        if ids_dtype is not None and not jnp.issubdtype(ids_dtype, jnp.integer):  # float0
             leaves = {"data": self.data}
         return leaves_str(repr(self), leaves)
 

@@ -340,7 +340,8 @@ class RowSparse(SparseArray):
     def __str__(self) -> str:
         """The repr, then the stored ``indices`` and ``data`` when they are known
         (what ``print`` and ``jax.debug.print`` show)."""
-        if not jnp.issubdtype(self.indices.dtype, jnp.integer):  # a float0 cotangent's ids
+        ids_dtype = getattr(self.indices, "dtype", None)  # (leaves mapped to non-arrays)
+        if ids_dtype is not None and not jnp.issubdtype(ids_dtype, jnp.integer):  # float0
             return leaves_str(repr(self), {"data": self.data})
         return leaves_str(repr(self), {"indices": self.indices, "data": self.data})
 
