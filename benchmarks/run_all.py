@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROGRAMS = ["lazy_update.py", "embedding_step.py", "spmm.py", "libsvm_io.py", "row_kernels.py"]
+PROGRAMS = [
+    "lazy_update.py",
+    "embedding_step.py",
+    "auto_sparse.py",
+    "spmm.py",
+    "libsvm_io.py",
+    "row_kernels.py",
+]
 
 
 def main(argv=None) -> int:

@@ -107,6 +107,15 @@ def test_embedding_step_smoke(tmp_path):
     assert compile_checks and all(t["verdict"] == "PASS" for t in compile_checks)
 
 
+def test_auto_sparse_smoke(tmp_path):
+    """The step written as plain model code with ``sparse="auto"`` against the
+    same step written with ``pull_rows`` + ``take``: every target reported."""
+    out, rec = run_smoke("auto_sparse.py", tmp_path)
+    check_record(rec, "auto_sparse")
+    assert 'within 1.25x of `hand-written (pull_rows + take)`' in out
+    assert "compilation(s) after the first call" in out
+
+
 def test_spmm_smoke(tmp_path):
     out, rec = run_smoke("spmm.py", tmp_path)
     check_record(rec, "spmm")
