@@ -127,3 +127,30 @@ def test_the_graph_reader_finds_cycles_and_local_imports(tmp_path, monkeypatch):
     graph, local = _graph()
     assert _cycles(graph) == [["pkg.a", "pkg.b"]]
     assert local == ["pkg.b imports pkg.a (line 2)"]
+
+
+def test_the_package_imports_and_works_without_the_framework_extras():
+    """flax, equinox and orbax are test extras only: with their imports
+    blocked, the package imports and ``sparse="auto"`` works."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("flax", "equinox", "orbax"):
+            raise ImportError(f"{name} blocked")
+sys.meta_path.insert(0, Block())
+import jax.numpy as jnp
+import jaxsparse_rows as jsr
+g = jsr.grad(lambda p: jnp.sum(p["emb"][jnp.array([1, 3])]), sparse="auto")(
+    {"emb": jnp.ones((5, 2))}
+)
+assert isinstance(g["emb"], jsr.RowSparse) and g["emb"].indices.tolist() == [1, 3]
+assert not any(m.split(".")[0] in ("flax", "equinox", "orbax") for m in sys.modules)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
