@@ -1,10 +1,15 @@
 """Shared bits of the examples: a progress reporter (tqdm when installed, else a
-plain line every N steps) and a timer."""
+plain line every N steps), a timer, the hidden score that labels synthetic
+ids, and the loss-curve plot."""
 
 from __future__ import annotations
 
 import sys
 import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 class Progress:
@@ -41,3 +46,27 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def hidden_score(ids: jax.Array, salt: float = 78.233) -> jax.Array:
+    """A fixed pseudo-random score in [-1, 1) per id (no table-sized array needed)."""
+    x = jnp.sin(ids.astype(jnp.float32) * 12.9898 + salt) * 43758.5453
+    return 2.0 * (x - jnp.floor(x)) - 1.0
+
+
+def save_loss_curve(path: str, losses: list[float], steps: int, title: str) -> None:
+    """Writes the loss curve to ``path`` as a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written")
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(np.linspace(0, steps - 1, len(losses)), losses)
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"loss curve written to {path}")

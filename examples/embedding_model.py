@@ -26,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import Progress
+from _common import Progress, hidden_score, save_loss_curve
 
 import jaxsparse_rows as jsr
 
@@ -46,12 +46,6 @@ def parse_args(argv=None):
     if args.smoke:
         args.vocab, args.dim, args.batch_size, args.steps = 5000, 8, 64, 30
     return args
-
-
-def hidden_score(ids: jax.Array) -> jax.Array:
-    """A fixed pseudo-random score in [-1, 1) per item id (no [V] array needed)."""
-    x = jnp.sin(ids.astype(jnp.float32) * 12.9898 + 78.233) * 43758.5453
-    return 2.0 * (x - jnp.floor(x)) - 1.0
 
 
 def sample_batch(key, args):
@@ -115,20 +109,7 @@ def main(argv=None) -> float:
     print(f"loss {first:.4f} -> {last:.4f}; held-out accuracy {acc0:.3f} -> {acc:.3f}")
 
     if args.plot:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("matplotlib is not installed: no plot written")
-        else:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            ax.plot(np.linspace(0, args.steps - 1, len(losses)), losses)
-            ax.set(xlabel="step", ylabel="loss", title="embedding model, lazy Adam")
-            fig.tight_layout()
-            fig.savefig(args.plot, dpi=100)
-            print(f"loss curve written to {args.plot}")
+        save_loss_curve(args.plot, losses, args.steps, "embedding model, lazy Adam")
     print(
         f"embedding_model: {args.steps} steps of {args.batch_size} x {args.bag} ids on a "
         f"[{args.vocab}, {args.dim}] table, {rate:,.0f} samples/s, final loss {last:.4f}, "

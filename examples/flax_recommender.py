@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _common import Progress
+from _common import Progress, hidden_score, save_loss_curve
 
 import jaxsparse_rows as jsr
 
@@ -53,12 +53,6 @@ def parse_args(argv=None):
     if args.smoke:
         args.users, args.items, args.dim, args.batch_size, args.steps = 3000, 2000, 8, 64, 30
     return args
-
-
-def hidden_score(ids: jax.Array, salt: float) -> jax.Array:
-    """A fixed pseudo-random score in [-1, 1) per id (no table-sized array needed)."""
-    x = jnp.sin(ids.astype(jnp.float32) * 12.9898 + salt) * 43758.5453
-    return 2.0 * (x - jnp.floor(x)) - 1.0
 
 
 def sample_batch(key, args):
@@ -150,20 +144,7 @@ def main(argv=None) -> float:
     print(f"loss {first:.4f} -> {last:.4f}; held-out accuracy {acc0:.3f} -> {acc:.3f}")
 
     if args.plot:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("matplotlib is not installed: no plot written")
-        else:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            ax.plot(np.linspace(0, args.steps - 1, len(losses)), losses)
-            ax.set(xlabel="step", ylabel="loss", title="flax nnx click model, lazy Adam")
-            fig.tight_layout()
-            fig.savefig(args.plot, dpi=100)
-            print(f"loss curve written to {args.plot}")
+        save_loss_curve(args.plot, losses, args.steps, "flax nnx click model, lazy Adam")
     print(
         f"flax_recommender: {args.steps} steps of {args.batch_size} samples on {rows:,} table "
         f"rows, {ms:.2f} ms/step, final loss {last:.4f}, accuracy {acc:.3f}"

@@ -112,7 +112,7 @@ def test_auto_sparse_smoke(tmp_path):
     same step written with ``pull_rows`` + ``take``: every target reported."""
     out, rec = run_smoke("auto_sparse.py", tmp_path)
     check_record(rec, "auto_sparse")
-    assert 'within 1.25x of `hand-written (pull_rows + take)`' in out
+    assert "within 1.25x of `hand-written (pull_rows + take)`" in out
     assert "compilation(s) after the first call" in out
 
 

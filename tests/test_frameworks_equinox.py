@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from click_batches import B, D, L, V
+from click_batches import batches as make_batches
 from jaxpr_walk import big_values
 
 import jaxsparse_rows as jsr
@@ -19,8 +21,6 @@ import jaxsparse_rows as jsr
 eqx = pytest.importorskip(
     "equinox", reason="equinox is not installed (it is in the test extra: pip install -e '.[test]')"
 )
-
-V, D, B, L = 40, 4, 6, 3
 
 
 class ClickModel(eqx.Module):
@@ -65,18 +65,6 @@ def make_lazy_step(optim):
     return make_step
 
 
-def _batches(n, every_step=None, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        if every_step is None:
-            ids = rng.integers(0, V, (B, L))
-        else:
-            ids = rng.permutation(np.resize(np.asarray(every_step), B * L)).reshape(B, L)
-        out.append((jnp.asarray(ids, jnp.int32), jnp.asarray(rng.integers(0, 2, B), jnp.float32)))
-    return out
-
-
 def _train(make, optim, batches):
     model = ClickModel(V, D, jax.random.key(0))
     opt_state = optim.init(eqx.filter(model, eqx.is_array))
@@ -98,7 +86,7 @@ def _assert_close(a, b, rtol, atol):
 
 def test_the_gradient_is_rowsparse_for_the_embedding_only():
     model = ClickModel(V, D, jax.random.key(0))
-    ids, y = _batches(1)[0]
+    ids, y = make_batches(1)[0]
     params, static = eqx.partition(model, eqx.is_inexact_array)
     grads = jsr.grad(lambda p: loss(eqx.combine(p, static), ids, y), sparse="auto")(params)
     dense = eqx.filter_grad(loss)(model, ids, y)
@@ -111,7 +99,7 @@ def test_the_gradient_is_rowsparse_for_the_embedding_only():
 
 
 def test_lazy_sgd_trains_as_optax_sgd():
-    batches = _batches(4)
+    batches = make_batches(4)
     lazy, lazy_losses = _train(make_lazy_step, jsr.optim.lazy_sgd(0.1), batches)
     dense, dense_losses = _train(make_dense_step, optax.sgd(0.1), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-6)
@@ -120,7 +108,7 @@ def test_lazy_sgd_trains_as_optax_sgd():
 
 def test_lazy_adam_trains_as_optax_adam_on_rows_touched_every_step():
     every_step = [2, 4, 9, 10, 33]
-    batches = _batches(4, every_step)
+    batches = make_batches(4, every_step)
     lazy, lazy_losses = _train(make_lazy_step, jsr.optim.lazy_adam(0.05), batches)
     dense, dense_losses = _train(make_dense_step, optax.adam(0.05), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-5)
@@ -135,7 +123,7 @@ def test_the_step_donates_the_model_and_state():
     model = ClickModel(V, D, jax.random.key(0))
     opt_state = optim.init(eqx.filter(model, eqx.is_array))
     step = make_lazy_step(optim)
-    for ids, y in _batches(2):
+    for ids, y in make_batches(2):
         table, moments = model.embed.weight, jax.tree.leaves(opt_state)
         model, opt_state, _ = step(model, opt_state, ids, y)
         assert table.is_deleted() and all(m.is_deleted() for m in moments)

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from click_batches import B, D, L, V
+from click_batches import batches as make_batches
 from jaxpr_walk import big_values
 
 import jaxsparse_rows as jsr
@@ -19,8 +21,6 @@ nn = pytest.importorskip(
     "flax.linen", reason="flax is not installed (it is in the test extra: pip install -e '.[test]')"
 )
 from flax.training import train_state  # noqa: E402
-
-V, D, B, L = 40, 4, 6, 3
 
 
 class ClickModel(nn.Module):
@@ -56,18 +56,6 @@ def _state(tx, num_items=V):
     return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
-def _batches(n, every_step=None, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        if every_step is None:
-            ids = rng.integers(0, V, (B, L))
-        else:
-            ids = rng.permutation(np.resize(np.asarray(every_step), B * L)).reshape(B, L)
-        out.append((jnp.asarray(ids, jnp.int32), jnp.asarray(rng.integers(0, 2, B), jnp.float32)))
-    return out
-
-
 def _train(step, tx, batches):
     state, losses = _state(tx), []
     for ids, y in batches:
@@ -82,7 +70,7 @@ def _assert_close(a, b, rtol, atol):
 
 def test_the_gradient_is_rowsparse_for_the_embedding_only():
     state = _state(optax.sgd(0.1))
-    ids, y = _batches(1)[0]
+    ids, y = make_batches(1)[0]
     grads = jsr.grad(lambda p: _loss(state, p, ids, y), sparse="auto")(state.params)
     dense = jax.grad(lambda p: _loss(state, p, ids, y))(state.params)
     g = grads["Embed_0"]["embedding"]
@@ -93,7 +81,7 @@ def test_the_gradient_is_rowsparse_for_the_embedding_only():
 
 
 def test_lazy_sgd_trains_as_optax_sgd():
-    batches = _batches(4)
+    batches = make_batches(4)
     lazy, lazy_losses, _ = _train(lazy_step, jsr.optim.lazy_sgd(0.1), batches)
     dense, dense_losses, _ = _train(dense_step, optax.sgd(0.1), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-6)
@@ -102,7 +90,7 @@ def test_lazy_sgd_trains_as_optax_sgd():
 
 def test_lazy_adam_trains_as_optax_adam_on_rows_touched_every_step():
     every_step = [0, 3, 8, 21, 39]
-    batches = _batches(4, every_step)
+    batches = make_batches(4, every_step)
     lazy, lazy_losses, state = _train(lazy_step, jsr.optim.lazy_adam(0.05), batches)
     dense, dense_losses, _ = _train(dense_step, optax.adam(0.05), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-5)
@@ -117,7 +105,7 @@ def test_the_step_donates_the_state_and_compiles_once():
     state = _state(jsr.optim.lazy_adam(0.05))
     step = jax.jit(make_step(lambda f: jsr.value_and_grad(f, sparse="auto")), donate_argnums=0)
     compiled = []
-    for ids, y in _batches(3):
+    for ids, y in make_batches(3):
         table, moments = state.params["Embed_0"]["embedding"], jax.tree.leaves(state.opt_state)
         state, _ = step(state, ids, y)
         assert table.is_deleted() and all(m.is_deleted() for m in moments)

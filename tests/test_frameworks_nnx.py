@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from click_batches import B, D, L, V
+from click_batches import batches as make_batches
 from jaxpr_walk import big_values
 
 import jaxsparse_rows as jsr
@@ -20,8 +22,6 @@ import jaxsparse_rows as jsr
 nnx = pytest.importorskip(
     "flax.nnx", reason="flax is not installed (it is in the test extra: pip install -e '.[test]')"
 )
-
-V, D, B, L = 40, 4, 6, 3
 
 
 class ClickModel(nnx.Module):
@@ -83,20 +83,6 @@ def lazy_stateful_step(model, optimizer, ids, y):
     return loss
 
 
-def _batches(n, every_step=None, seed=0):
-    """``n`` batches of ids [B, L] and labels [B]; ``every_step`` rows (if given)
-    are in every batch and no other row is."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        if every_step is None:
-            ids = rng.integers(0, V, (B, L))
-        else:
-            ids = rng.permutation(np.resize(np.asarray(every_step), B * L)).reshape(B, L)
-        out.append((jnp.asarray(ids, jnp.int32), jnp.asarray(rng.integers(0, 2, B), jnp.float32)))
-    return out
-
-
 def _params(model):
     return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
@@ -114,7 +100,7 @@ def _assert_params_close(a, b, rtol=1e-6, atol=1e-7):
 
 def test_the_gradient_is_rowsparse_for_the_table_and_dense_for_the_head():
     model = ClickModel(V, D, rngs=nnx.Rngs(0))
-    ids, y = _batches(1)[0]
+    ids, y = make_batches(1)[0]
     (loss, _), grads = jsr.value_and_grad(loss_fn, has_aux=True, sparse="auto")(model, ids, y)
     (dense_loss, _), dense = nnx.value_and_grad(loss_fn, has_aux=True)(model, ids, y)
     g = grads.embed.embedding.get_value()
@@ -128,7 +114,7 @@ def test_the_gradient_is_rowsparse_for_the_table_and_dense_for_the_head():
 
 
 def test_lazy_sgd_trains_as_optax_sgd():
-    batches = _batches(4)
+    batches = make_batches(4)
     lazy, _, lazy_losses = _train(ClickModel, lazy_step, jsr.optim.lazy_sgd(0.1), batches)
     dense, _, dense_losses = _train(ClickModel, dense_step, optax.sgd(0.1), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-6)
@@ -137,7 +123,7 @@ def test_lazy_sgd_trains_as_optax_sgd():
 
 def test_lazy_adam_trains_as_optax_adam_on_rows_touched_every_step():
     every_step = [1, 5, 6, 17, 30]  # every batch holds these rows and no other
-    batches = _batches(4, every_step)
+    batches = make_batches(4, every_step)
     lazy, _, lazy_losses = _train(ClickModel, lazy_step, jsr.optim.lazy_adam(0.05), batches)
     dense, _, dense_losses = _train(ClickModel, dense_step, optax.adam(0.05), batches)
     np.testing.assert_allclose(lazy_losses, dense_losses, rtol=1e-5)
@@ -151,7 +137,7 @@ def test_the_step_donates_the_model_and_optimizer_and_compiles_once():
     model = ClickModel(V, D, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, jsr.optim.lazy_adam(0.05), wrt=nnx.Param)
     step = nnx.jit(lazy_step.fun, donate_argnums=(0, 1))  # a fresh cache for this test
-    for ids, y in _batches(3):
+    for ids, y in make_batches(3):
         table = model.embed.embedding.get_value()
         moment = jax.tree.leaves(optimizer.opt_state)[1]
         step(model, optimizer, ids, y)
@@ -163,7 +149,7 @@ def test_the_step_donates_the_model_and_optimizer_and_compiles_once():
 
 def test_a_model_that_updates_state_in_its_forward_pass():
     """Batch statistics and the dropout stream advance as with nnx.value_and_grad."""
-    batches = _batches(3)
+    batches = make_batches(3)
     tx = jsr.optim.lazy_sgd(0.1)
     lazy, _, lazy_losses = _train(StatefulModel, lazy_stateful_step, tx, batches)
     dense, _, dense_losses = _train(StatefulModel, dense_step, optax.sgd(0.1), batches)
@@ -181,7 +167,7 @@ def test_without_the_split_such_a_model_is_refused_not_silently_wrong():
     model = StatefulModel(V, D, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, jsr.optim.lazy_sgd(0.1), wrt=nnx.Param)
     with pytest.raises(TypeError, match="grad requires real- or complex-valued inputs"):
-        lazy_step(model, optimizer, *_batches(1)[0])  # the dropout stream's integer key
+        lazy_step(model, optimizer, *make_batches(1)[0])  # the dropout stream's integer key
 
 
 # Elementwise work over a whole table: what a dense step does to every row.
@@ -242,7 +228,7 @@ def test_orbax_round_trip_of_the_model_and_its_lazy_optimizer(tmp_path):
         "orbax.checkpoint",
         reason="orbax-checkpoint is not installed (it is in the test extra)",
     )
-    batches = _batches(4)
+    batches = make_batches(4)
     model = ClickModel(V, D, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, jsr.optim.lazy_adam(0.05), wrt=nnx.Param)
     for ids, y in batches[:2]:

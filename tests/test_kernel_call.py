@@ -91,7 +91,8 @@ def test_linear_transpose_of_the_transposed_product():
     """``dot(csr, dense, transpose_a=True)`` returns its row ids from the same
     kernel call as its values. Under ``jax.linear_transpose`` with the kernels
     on, the ids are computed from the column ids alone, as known values, so a
-    ``todense`` scatter can index with them (linear, unknown ids could not). Checked against the dense transpose ``X @ ct``
+    ``todense`` scatter can index with them (linear, unknown ids could not).
+    Checked against the dense transpose ``X @ ct``
     (for the dense operand) and the entries' ``(x_col . ct) * d_row`` sums
     (for the values), with a padding entry past ``indptr[-1]`` and a repeated
     column, eagerly and under jit."""
