@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
+from jax.custom_derivatives import SymbolicZero, zero_from_primal
 
 from . import _native
 from ._args import check_flag
@@ -290,7 +290,7 @@ def _csr_t_dense_native_jvp(k, primals, tangents):
         d_data = jnp.zeros_like(data).at[slots].add(sum(terms[1:], terms[0]), mode="drop")
     else:
         d_data = jnp.zeros_like(data)
-    return (idx, data), (np.zeros(idx.shape, jax.dtypes.float0), d_data)
+    return (idx, data), (zero_from_primal(idx), d_data)
 
 
 _csr_t_dense_native.defjvp(_csr_t_dense_native_jvp, symbolic_zeros=True)

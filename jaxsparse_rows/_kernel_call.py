@@ -9,19 +9,30 @@ lowered:
   for :func:`jax.export`: an exported program must not depend on this
   library's custom-call targets, which a process that deserializes it may not
   have (and which carry no compatibility guarantee), so it gets the XLA ops;
+- on CPU, the XLA ops too when the program is partitioned over several
+  devices by XLA (``jax.jit`` of arrays sharded over a mesh, ``shard_map``
+  with automatic axes left): XLA cannot partition a custom call, and would
+  gather a sharded table onto every device to run it. A program for one
+  device, and the body of a ``shard_map`` manual over every axis of size > 1
+  (one device's shard), get the kernel;
 - on every other platform, and for operands sharded over explicit mesh axes
   (whose sharding must stay in the result's type), the XLA ops.
 
 So one traced function runs the kernels under ``jax.jit`` on CPU, runs XLA on
 GPU, and exports to a portable program, with no branch left in any of them.
-The primitive has no JVP: its callers wrap it in a ``jax.custom_jvp``
-written in XLA ops (or return integers). Its transpose, for programs that
-``jax.linear_transpose`` inlines, is the XLA function's. A call that returns
-integers beside floats (the row ids of a transposed product beside its
-values) can name a ``known_outputs`` function that computes those integers
-from the operands that are not being transposed, so that they stay known
-values under ``linear_transpose`` and can index a later scatter. Under
-``vmap`` it runs the XLA function, batched by JAX.
+
+A call's tangent is that of its XLA function, in XLA ops (callers with a
+cheaper one wrap the call in a ``jax.custom_jvp``). A call declared
+``linear`` in some operands is a linear map of them: its tangent is the same
+call of their tangents, and ``transpose`` (or, without one, the XLA
+function's VJP) is its transpose. The row gather and the sum of rows by
+id of ``_rowops`` are such calls, each the other's transpose. A call that
+returns integers beside floats (the row ids of a transposed product beside
+its values) can name a ``known_outputs`` function that computes those
+integers from the operands that are not being transposed, so that they stay
+known values under ``linear_transpose`` and can index a later scatter. Under
+``vmap`` it runs the XLA function batched by JAX, or the call's own ``batch``
+rule.
 """
 
 from __future__ import annotations
@@ -61,19 +72,32 @@ kernel_call_p.multiple_results = True
 
 
 def on_cpu(
-    native: Callable,
+    native: Callable | None,
     xla: Callable,
     *args: Any,
     known_outputs: Callable | None = None,
+    linear: tuple[int, ...] = (),
+    transpose: Callable | None = None,
+    batch: Callable | None = None,
     **static: Any,
 ) -> Any:
-    """``native(*args, **static)`` in a program lowered for CPU (not for
-    export), ``xla(*args, **static)`` everywhere else.
+    """``native(*args, **static)`` in a program lowered for one CPU device (not
+    for export), ``xla(*args, **static)`` everywhere else (always, when
+    ``native`` is None: a linear call with its own transpose and no kernel).
 
     Both must return the same pytree of arrays, shapes and dtypes; ``xla``'s
-    decides. ``native`` and ``xla`` should be module-level functions and the
-    ``static`` values hashable, so that equal calls compare equal (JAX caches
-    on them).
+    decides. ``native``, ``xla`` and the rules below should be module-level
+    functions and the ``static`` values hashable, so that equal calls compare
+    equal (JAX caches on them).
+
+    ``linear`` lists the operands the call is linear in (jointly); the others
+    must not carry tangents (integer ids). Then its tangent is the same call
+    with those operands replaced by their tangents, and its transpose is
+    ``transpose(cts, *args, **static)`` (the output cotangents as a list, the
+    operands with ``jax.interpreters.ad.UndefinedPrimal`` at the linear ones;
+    it returns one cotangent or None per operand), by default the XLA
+    function's. ``batch(args, dims, **static)`` returns ``(outputs,
+    out_dims)`` under ``vmap`` (by default ``xla`` is batched).
 
     ``known_outputs(*args, **static)``, if given, returns a list with one
     entry per output leaf: the output computed from ``args`` (it may read
@@ -99,8 +123,11 @@ def on_cpu(
         native=native,
         xla=xla,
         static=tuple(sorted(static.items())),
-        out_types=tuple((tuple(s.shape), s.dtype) for s in leaves),
+        out_types=tuple((tuple(s.shape), s.dtype, bool(s.weak_type)) for s in leaves),
         known_outputs=known_outputs,
+        linear=tuple(int(i) for i in linear),
+        transpose=transpose,
+        batch=batch,
     )
     return jax.tree.unflatten(tree, out)
 
@@ -112,38 +139,86 @@ def _flat(fn: Callable, static: tuple) -> Callable:
     return flat
 
 
-def _abstract(*avals, native, xla, static, out_types, known_outputs):
-    del native, xla, static, known_outputs
+def _abstract(*avals, out_types, **params):
+    del params
     like = avals[0] if avals else None  # (operands vary over equal axes: on_cpu)
-    return [result_aval(like, shape, dtype) for shape, dtype in out_types]
+    return [result_aval(like, shape, dtype, weak) for shape, dtype, weak in out_types]
 
 
-def _xla_lowering(ctx, *args, native, xla, static, out_types, known_outputs):
-    del native, out_types, known_outputs
+def _xla_lowering(ctx, *args, xla, static, **params):
+    del params
     return mlir.lower_fun(_flat(xla, static), multiple_results=True)(ctx, *args)
 
 
-def _cpu_lowering(ctx, *args, native, xla, static, out_types, known_outputs):
-    if ctx.module_context.lowering_parameters.for_export:
-        return _xla_lowering(
-            ctx, *args, native=native, xla=xla, static=static, out_types=None, known_outputs=None
-        )
-    del known_outputs
+def _one_device(axis_context: Any) -> bool:
+    """Whether a program lowered in ``axis_context`` runs on one device's
+    values, unpartitioned: a program for one device, or the body of a
+    ``shard_map`` whose automatic axes (those XLA still partitions) all have
+    size 1."""
+    manual = getattr(axis_context, "manual_axes", None)
+    if manual is not None:
+        mesh = axis_context.mesh
+        return all(size == 1 for name, size in mesh.shape.items() if name not in manual)
+    return getattr(axis_context, "num_devices", None) == 1
+
+
+def _cpu_lowering(ctx, *args, native, xla, static, **params):
+    module = ctx.module_context
+    if (
+        native is None
+        or module.lowering_parameters.for_export
+        or not _one_device(module.axis_context)
+    ):
+        return _xla_lowering(ctx, *args, xla=xla, static=static)
     return mlir.lower_fun(_flat(native, static), multiple_results=True)(ctx, *args)
 
 
-def _batch(args, dims, *, native, xla, static, out_types, known_outputs):
-    del native, out_types, known_outputs
+def _jvp(primals, tangents, **params):
+    """A linear call's tangent is the same call of its operands' tangents;
+    any other call's is the XLA function's, in XLA ops that JAX can transpose.
+    (Callers with a cheaper tangent wrap the call in a ``jax.custom_jvp``.)"""
+    linear = params["linear"]
+    out = kernel_call_p.bind(*primals, **params)
+    if not linear:
+        flat = _flat(params["xla"], params["static"])
+        diff = [jnp.issubdtype(p.dtype, jnp.inexact) for p in primals]
+
+        def of_inexact(*operands):
+            it = iter(operands)
+            return flat(*[next(it) if d else p for p, d in zip(primals, diff, strict=True)])
+
+        _, t_out = jax.jvp(
+            of_inexact,
+            [p for p, d in zip(primals, diff, strict=True) if d],
+            [ad.instantiate_zeros(t) for t, d in zip(tangents, diff, strict=True) if d],
+        )
+        return out, t_out
+    if all(type(tangents[i]) is ad.Zero for i in linear):
+        return out, [ad.Zero.from_primal_value(o) for o in out]
+    args = [
+        ad.instantiate_zeros(t) if i in linear else p
+        for i, (p, t) in enumerate(zip(primals, tangents, strict=True))
+    ]
+    return out, kernel_call_p.bind(*args, **params)
+
+
+def _batch(args, dims, *, xla, static, batch, **params):
+    del params
+    if batch is not None:
+        return batch(args, dims, **dict(static))
     out = jax.vmap(_flat(xla, static), in_axes=tuple(dims))(*args)
     return out, [0] * len(out)
 
 
-def _transpose(cts, *args, native, xla, static, out_types, known_outputs):
-    """Transposes the XLA function (``jax.linear_transpose``, and the solvers
-    of ``jax.scipy.sparse.linalg`` that transpose their matvec): its VJP with
-    respect to the linear operands, taken at zero, which for a function linear
-    in them is its transpose. Integer outputs carry no cotangent."""
-    del native, out_types, known_outputs
+def _transpose(cts, *args, xla, static, transpose, **params):
+    """Transposes the call: its own ``transpose`` rule, or the XLA function's
+    VJP with respect to the linear operands, taken at zero, which for a
+    function linear in them is its transpose (``jax.linear_transpose``, and the
+    solvers of ``jax.scipy.sparse.linalg`` that transpose their matvec).
+    Integer outputs carry no cotangent."""
+    del params
+    if transpose is not None:
+        return transpose(list(cts), *args, **dict(static))
     linear = [ad.is_undefined_primal(a) for a in args]
     fixed = [None if lin else a for a, lin in zip(args, linear, strict=True)]
 
@@ -185,6 +260,7 @@ def _is_none(x: Any) -> bool:
 
 kernel_call_p.def_impl(jitted_impl(kernel_call_p))
 pe.custom_partial_eval_rules[kernel_call_p] = _partial_eval
+ad.primitive_jvps[kernel_call_p] = _jvp
 ad.primitive_transposes[kernel_call_p] = _transpose
 kernel_call_p.def_abstract_eval(_abstract)
 mlir.register_lowering(kernel_call_p, _xla_lowering)

@@ -13,11 +13,12 @@ operation                     meaning
 ``coalesce_rows``             rows sorted by id, repeats summed, padded
 ============================  ==================================================
 
-``gather_rows`` and ``sum_rows`` are a pair of linear JAX primitives, each the
-other's transpose, so ``grad``, ``vjp``, ``jvp``, ``linear_transpose`` and
-``vmap`` all go through them. On CPU, where the native kernels are available
-and take the operands (``_native``: ``rows.cc``, ``ids.cc``), each operation
-lowers to its kernel; everywhere else, for a program lowered for
+``gather_rows`` and ``sum_rows`` are a pair of linear calls of the library's
+one dispatch primitive (``_kernel_call.on_cpu``), each the other's transpose,
+so ``grad``, ``vjp``, ``jvp``, ``linear_transpose`` and ``vmap`` all go through
+them. On CPU, in a program for one device (or a ``shard_map`` body), where
+the native kernels are available and take the operands (``_native``:
+``rows.cc``, ``ids.cc``), each operation lowers to its kernel; everywhere else, for a program lowered for
 ``jax.export``, and for operands sharded over explicit mesh axes, it runs the
 XLA reference (``gather_rows_xla``, ``sum_rows_xla``, ``scatter_rows_xla``,
 ``_unique_with_slots_xla``, ``_slots_xla``), which the kernels are tested
@@ -35,16 +36,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad
 
 from . import _native
 from ._arraybase import ROWSPARSE_INDEXING
 from ._dtypes import accumulation_dtype, index_dtype
-from ._kernel_call import jitted_impl, on_cpu
+from ._kernel_call import on_cpu
 from ._sharding import explicit_spec, replicated
-from ._vma import match_varying, result_aval
 
 # ------------------------------------------------------------ XLA references
 
@@ -149,16 +147,17 @@ def scatter_rows_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: boo
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
 
 
-# ----------------------------------------------- the gather / sum primitives
-
-gather_rows_p = Primitive("jsr_gather_rows")
-sum_rows_p = Primitive("jsr_sum_rows")
+# ------------------------------------------------- the gather / sum pair
 
 
-def _use_native(dtype, row_shape, n: int, ids, add: bool) -> bool:
-    table = jax.ShapeDtypeStruct((n,) + tuple(row_shape), dtype)
-    kernel = _native.SUM_ROWS if add else _native.GATHER_ROWS
-    return _native.use(kernel, table, ids, add=add)
+def _gather_native(table, ids, *, ids_sorted):
+    del ids_sorted
+    return _native.gather_rows_call(table, ids)
+
+
+def _sum_native(rows, ids, *, n, ids_sorted):
+    del ids_sorted
+    return _native.sum_rows_call(rows, ids, n)
 
 
 def gather_rows(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -> jax.Array:
@@ -174,15 +173,23 @@ def gather_rows(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -
         # Sharded over explicit mesh axes (sharding in types): XLA's gather,
         # whose sharding and transpose rules JAX knows.
         return gather_rows_xla(table, ids, ids_sorted=ids_sorted)
-    native = _use_native(table.dtype, table.shape[1:], table.shape[0], ids, add=False)
-    table, ids = match_varying(table, ids)
-    return gather_rows_p.bind(table, ids, ids_sorted=bool(ids_sorted), native=native)
+    native = _native.use(_native.GATHER_ROWS, table, ids)
+    return on_cpu(
+        _gather_native if native else None,
+        gather_rows_xla,
+        table,
+        ids,
+        linear=(0,),
+        transpose=_gather_transpose,
+        batch=_gather_batch,
+        ids_sorted=bool(ids_sorted),
+    )
 
 
 def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = False) -> jax.Array:
     """``zeros([n, ...]).at[ids].add(rows)`` for 1-D ``ids`` in any order: repeated
     ids are summed, ids outside ``[0, n)`` dropped. Linear in ``rows``; its
-    transpose is :func:`gather`.
+    transpose is :func:`gather_rows`.
 
     float16 and bfloat16 rows are summed in float32 and rounded once, as
     ``jnp.sum`` sums them (a bfloat16 running sum of ones stops at 256): the
@@ -205,110 +212,43 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
 
 
 def _sum_rows(rows: jax.Array, ids: jax.Array, n: int, ids_sorted: bool) -> jax.Array:
-    """:func:`sum_rows` in the dtype of ``rows`` (``n`` an int, ``ids_sorted`` a
-    bool: :func:`sum_rows` and the primitive's parameters are both)."""
+    """:func:`sum_rows` in the dtype of ``rows``."""
     if explicit_spec(rows) is not None or explicit_spec(ids) is not None:
         return sum_rows_xla(rows, ids, n, ids_sorted=ids_sorted)
-    native = _use_native(rows.dtype, rows.shape[1:], n, ids, add=True)
-    rows, ids = match_varying(rows, ids)
-    return sum_rows_p.bind(rows, ids, n=n, ids_sorted=ids_sorted, native=native)
+    table = jax.ShapeDtypeStruct((n,) + tuple(rows.shape[1:]), rows.dtype)
+    native = _native.use(_native.SUM_ROWS, table, ids, add=True)
+    return on_cpu(
+        _sum_native if native else None,
+        sum_rows_xla,
+        rows,
+        ids,
+        linear=(0,),
+        transpose=_sum_transpose,
+        batch=_sum_batch,
+        n=n,
+        ids_sorted=ids_sorted,
+    )
 
 
-# ------------------------------------------------------------ evaluation rules
-
-
-gather_rows_p.def_impl(jitted_impl(gather_rows_p))
-sum_rows_p.def_impl(jitted_impl(sum_rows_p))
-
-
-@gather_rows_p.def_abstract_eval
-def _gather_abstract(table, ids, *, ids_sorted, native):
-    del ids_sorted, native
-    shape = tuple(ids.shape) + tuple(table.shape[1:])
-    return result_aval(table, shape, table.dtype, table.weak_type)
-
-
-@sum_rows_p.def_abstract_eval
-def _sum_abstract(rows, ids, *, n, ids_sorted, native):
-    del ids, ids_sorted, native
-    shape = (n,) + tuple(rows.shape[1:])
-    return result_aval(rows, shape, rows.dtype, rows.weak_type)
-
-
-# ------------------------------------------------------------------ lowerings
-
-
-def _gather_lowering(ctx, table, ids, *, ids_sorted, native):
-    del native
-    ref = functools.partial(gather_rows_xla, ids_sorted=ids_sorted)
-    return mlir.lower_fun(ref, multiple_results=False)(ctx, table, ids)
-
-
-def _for_export(ctx) -> bool:
-    # An exported program must not name this library's custom-call targets
-    # (see ``_kernel_call``): it gets the XLA lowering.
-    return ctx.module_context.lowering_parameters.for_export
-
-
-def _gather_cpu_lowering(ctx, table, ids, *, ids_sorted, native):
-    if native and not _for_export(ctx):
-        return jax.ffi.ffi_lowering(_native.GATHER_ROWS_TARGET)(ctx, table, ids)
-    return _gather_lowering(ctx, table, ids, ids_sorted=ids_sorted, native=native)
-
-
-def _sum_lowering(ctx, rows, ids, *, n, ids_sorted, native):
-    del native
-    ref = functools.partial(sum_rows_xla, n=n, ids_sorted=ids_sorted)
-    return mlir.lower_fun(ref, multiple_results=False)(ctx, rows, ids)
-
-
-def _sum_cpu_lowering(ctx, rows, ids, *, n, ids_sorted, native):
-    if native and not _for_export(ctx):
-        return jax.ffi.ffi_lowering(_native.SUM_ROWS_TARGET)(ctx, rows, ids)
-    return _sum_lowering(ctx, rows, ids, n=n, ids_sorted=ids_sorted, native=native)
-
-
-mlir.register_lowering(gather_rows_p, _gather_lowering)
-mlir.register_lowering(gather_rows_p, _gather_cpu_lowering, platform="cpu")
-mlir.register_lowering(sum_rows_p, _sum_lowering)
-mlir.register_lowering(sum_rows_p, _sum_cpu_lowering, platform="cpu")
-
-
-# ------------------------------------------------------------ differentiation
-
-
-def _gather_tangent(d_table, table, ids, *, ids_sorted, native):
-    del table, native
-    return gather_rows(d_table, ids, ids_sorted=ids_sorted)
-
-
-def _sum_tangent(d_rows, rows, ids, *, n, ids_sorted, native):
-    del rows, native
-    return _sum_rows(d_rows, ids, n, ids_sorted)  # the primitive's own dtype
-
-
-ad.defjvp(gather_rows_p, _gather_tangent, None)
-ad.defjvp(sum_rows_p, _sum_tangent, None)
-
-
-def _gather_transpose(ct, table, ids, *, ids_sorted, native):
-    del native
+def _gather_transpose(cts, table, ids, *, ids_sorted):
+    (ct,) = cts
     if ad.is_undefined_primal(ids):
-        raise ValueError("jsr_gather_rows is not linear in its ids")
+        raise ValueError("gather_rows is not linear in its ids")
     aval = table.aval
     if type(ct) is ad.Zero:
         return [ad.Zero(aval), None]
-    # The primitive only runs on operands not sharded over explicit mesh axes,
-    # so its output was replicated; a cotangent that a batch-sharded factor
-    # made sharded (labels, weights) is gathered back first.
+    # The call runs on operands not sharded over explicit mesh axes only, so
+    # its output was replicated; a cotangent that a batch-sharded factor made
+    # sharded (labels, weights) is gathered back first.
     ct = replicated(ct)
     return [sum_rows(ct, ids, aval.shape[0], ids_sorted=ids_sorted).astype(aval.dtype), None]
 
 
-def _sum_transpose(ct, rows, ids, *, n, ids_sorted, native):
-    del n, native
+def _sum_transpose(cts, rows, ids, *, n, ids_sorted):
+    del n
+    (ct,) = cts
     if ad.is_undefined_primal(ids):
-        raise ValueError("jsr_sum_rows is not linear in its ids")
+        raise ValueError("sum_rows is not linear in its ids")
     aval = rows.aval
     if type(ct) is ad.Zero:
         return [ad.Zero(aval), None]
@@ -316,58 +256,34 @@ def _sum_transpose(ct, rows, ids, *, n, ids_sorted, native):
     return [gather_rows(ct, ids, ids_sorted=ids_sorted).astype(aval.dtype), None]
 
 
-ad.primitive_transposes[gather_rows_p] = _gather_transpose
-ad.primitive_transposes[sum_rows_p] = _sum_transpose
-
-
-# ------------------------------------------------------------------ batching
-
-
-def _gather_batch(args, dims, *, ids_sorted, native):
-    del native
+def _gather_batch(args, dims, *, ids_sorted):
     table, ids = args
     t_dim, i_dim = dims
     if t_dim is None:  # (batching.not_mapped)
         # One table, a batch of id lists: one gather of all the ids.
         ids = jnp.moveaxis(ids, i_dim, 0)
         out = gather_rows(table, ids.reshape(-1))
-        return out.reshape(tuple(ids.shape) + tuple(table.shape[1:])), 0
+        return [out.reshape(tuple(ids.shape) + tuple(table.shape[1:]))], [0]
     ref = functools.partial(gather_rows_xla, ids_sorted=ids_sorted)
-    return jax.vmap(ref, in_axes=(t_dim, i_dim))(table, ids), 0
+    return [jax.vmap(ref, in_axes=(t_dim, i_dim))(table, ids)], [0]
 
 
-def _sum_batch(args, dims, *, n, ids_sorted, native):
-    del native
+def _sum_batch(args, dims, *, n, ids_sorted):
     ref = functools.partial(sum_rows_xla, n=n, ids_sorted=ids_sorted)
-    return jax.vmap(ref, in_axes=tuple(dims))(*args), 0
-
-
-batching.primitive_batchers[gather_rows_p] = _gather_batch
-batching.primitive_batchers[sum_rows_p] = _sum_batch
+    return [jax.vmap(ref, in_axes=tuple(dims))(*args)], [0]
 
 
 # ------------------------------------------------ scatters at sorted unique ids
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _scatter_kernel(table, ids, rows, *, add):
+    return _native.scatter_rows_call(table, ids, rows, add)
+
+
 def _scatter_native(table, ids, rows, add):
-    return on_cpu(_native.scatter_rows_call, scatter_rows_xla, table, ids, rows, add=add)
-
-
-def _scatter_native_jvp(add, primals, tangents):
-    # Linear in (table, rows) for both set and add: the tangent is the same
-    # scatter of the tangents, in XLA ops that JAX can transpose.
-    table, ids, rows = primals
-    d_table, _, d_rows = tangents
-    out = _scatter_native(table, ids, rows, add)
-    if isinstance(d_table, SymbolicZero) and isinstance(d_rows, SymbolicZero):
-        return out, jnp.zeros_like(out)
-    d_table = jnp.zeros_like(table) if isinstance(d_table, SymbolicZero) else d_table
-    d_rows = jnp.zeros_like(rows) if isinstance(d_rows, SymbolicZero) else d_rows
-    return out, scatter_rows_xla(d_table, ids, d_rows, add)
-
-
-_scatter_native.defjvp(_scatter_native_jvp, symbolic_zeros=True)
+    """The scatter run by the native kernel on CPU (XLA's elsewhere): linear in
+    ``(table, rows)``, for a set and an add alike."""
+    return on_cpu(_scatter_kernel, scatter_rows_xla, table, ids, rows, linear=(0, 2), add=add)
 
 
 def _native_rows_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:

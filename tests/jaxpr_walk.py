@@ -7,9 +7,11 @@ the library's primitives that stand for two programs chosen when lowered:
 
 - ``jsr_kernel_call`` (``_kernel_call.on_cpu``): both its native form (the FFI
   call run on CPU) and its XLA twin (what runs on GPU and in exported
-  programs), each traced as its own program;
-- ``jsr_gather_rows`` / ``jsr_sum_rows`` (``_rowops``): the primitive (the
-  native kernel) and its XLA reference lowering.
+  programs), each traced as its own program. A call with no native form (the
+  row gather and the sum of rows with the kernels off, linear calls with their
+  own transpose) is named ``jsr_xla_call`` by :func:`primitive_names`, so that
+  ``"jsr_kernel_call" in primitive_names(...)`` says whether a native kernel
+  runs.
 
 So a ``[V, ...]`` temporary in either form of a kernel is seen whatever the
 kernels setting of the process that traced the program.
@@ -22,8 +24,6 @@ from collections.abc import Iterator
 
 import jax
 from jax.extend import core as jex_core
-
-from jaxsparse_rows import _rowops
 
 
 def _param_jaxprs(eqn) -> Iterator[jex_core.Jaxpr]:
@@ -48,15 +48,8 @@ def _twin_jaxprs(eqn) -> Iterator[jex_core.Jaxpr]:
     if name == "jsr_kernel_call":
         static = dict(params["static"])
         for fn in (params["native"], params["xla"]):
-            yield _trace(functools.partial(fn, **static), eqn)
-    elif name == "jsr_gather_rows":
-        ref = functools.partial(_rowops.gather_rows_xla, ids_sorted=params["ids_sorted"])
-        yield _trace(ref, eqn)
-    elif name == "jsr_sum_rows":
-        ref = functools.partial(
-            _rowops.sum_rows_xla, n=params["n"], ids_sorted=params["ids_sorted"]
-        )
-        yield _trace(ref, eqn)
+            if fn is not None:
+                yield _trace(functools.partial(fn, **static), eqn)
 
 
 def all_eqns(jaxpr) -> Iterator[jex_core.JaxprEqn]:
@@ -87,4 +80,11 @@ def big_values(jaxpr, n_rows: int) -> list[tuple[str, tuple[int, ...]]]:
 
 def primitive_names(jaxpr) -> set[str]:
     """The names of the primitives anywhere in ``jaxpr``."""
-    return {eqn.primitive.name for eqn in all_eqns(jaxpr)}
+    return {_name(eqn) for eqn in all_eqns(jaxpr)}
+
+
+def _name(eqn) -> str:
+    name = eqn.primitive.name
+    if name == "jsr_kernel_call" and eqn.params["native"] is None:
+        return "jsr_xla_call"
+    return name

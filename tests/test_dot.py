@@ -225,9 +225,9 @@ def test_paths_without_kernels(kernels):
         assert not any(t in hlo for t in _native.TARGETS), hlo
     if kernels == "native":  # the positive control: the float32 csr products do
         hlo = jax.jit(jsr.dot).lower(c, jnp.ones((3, 2))).as_text()
-        assert _native.CSR_DENSE_TARGET in hlo
+        assert _native.CSR_DENSE.target in hlo
         t_dot = jax.jit(lambda a, b: jsr.dot(a, b, transpose_a=True))
-        assert _native.CSR_T_DENSE_TARGET in t_dot.lower(c, jnp.ones((4, 2))).as_text()
+        assert _native.CSR_T_DENSE.target in t_dot.lower(c, jnp.ones((4, 2))).as_text()
 
 
 # (N, D, stored rows, padding slots, P); P None: a 1-D rhs.

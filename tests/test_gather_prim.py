@@ -20,8 +20,8 @@ import jaxsparse_rows as jsr
 from jaxsparse_rows import _native
 from jaxsparse_rows._rowops import gather_rows, sum_rows
 
-GATHER = _native.GATHER_ROWS_TARGET
-SUM = _native.SUM_ROWS_TARGET
+GATHER = _native.GATHER_ROWS.target
+SUM = _native.SUM_ROWS.target
 
 
 def _hlo(fn, *args):

@@ -11,7 +11,7 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native, _rowops
-from jaxsparse_rows._kernel_call import _jitted_bind, on_cpu
+from jaxsparse_rows._kernel_call import _jitted_bind, _one_device, on_cpu
 
 pytestmark = needs_kernels
 
@@ -44,14 +44,14 @@ def test_eager_calls_reuse_one_program():
 
 def test_jit_calls_the_kernel_and_matches_xla():
     ids = jnp.array([3, 3, 0, 8, 6, 2, 1], jnp.int32)
-    assert _native.UNIQUE_IDS_TARGET in jax.jit(_unique).lower(ids).as_text()
+    assert _native.UNIQUE_IDS.target in jax.jit(_unique).lower(ids).as_text()
     _same(jax.jit(_unique)(ids), _want(ids))
 
 
 def test_vmap_runs_the_xla_function_batched():
     ids = jnp.array([[3, 3, 0, 9], [7, 1, 7, 7], [-2, 4, 4, 2]], jnp.int32)
     got = jax.jit(jax.vmap(_unique))(ids)
-    assert _native.UNIQUE_IDS_TARGET not in jax.jit(jax.vmap(_unique)).lower(ids).as_text()
+    assert _native.UNIQUE_IDS.target not in jax.jit(jax.vmap(_unique)).lower(ids).as_text()
     for i in range(ids.shape[0]):
         _same(jax.tree.map(lambda a, i=i: a[i], got), _want(ids[i]))
 
@@ -61,7 +61,7 @@ def test_export_lowers_to_the_xla_function():
 
     ids = jnp.array([4, 2, 4, 0], jnp.int32)
     exported = export.export(jax.jit(_unique))(ids)
-    assert _native.UNIQUE_IDS_TARGET not in exported.mlir_module()
+    assert _native.UNIQUE_IDS.target not in exported.mlir_module()
     _same(exported.call(ids), _want(ids))
 
 
@@ -126,3 +126,79 @@ def test_linear_transpose_of_the_transposed_product():
                     jnp.asarray(ct)
                 )
                 np.testing.assert_allclose(got, want_vals, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------- derivatives and the device rule
+
+
+def _tripled_sin_xla(x, *, scale):
+    return jnp.sin(x) * scale
+
+
+def _tripled_sin_native(x, *, scale):  # a stand-in "kernel": another program, same values
+    return jnp.sin(x * 1.0) * scale
+
+
+def _scaled_xla(x, ids, *, scale):
+    return x[ids] * scale
+
+
+def _scaled_native(x, ids, *, scale):
+    return jnp.take(x, ids, axis=0) * scale
+
+
+def test_a_call_differentiates_through_its_xla_function():
+    x = jnp.linspace(-1.0, 1.0, 5)
+
+    def f(x):
+        return jnp.sum(on_cpu(_tripled_sin_native, _tripled_sin_xla, x, scale=3.0))
+
+    np.testing.assert_allclose(jax.grad(f)(x), 3 * jnp.cos(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.grad(f))(x), 3 * jnp.cos(x), rtol=1e-6)
+    _, tangent = jax.jvp(f, (x,), (jnp.ones(5),))
+    np.testing.assert_allclose(tangent, 3 * jnp.sum(jnp.cos(x)), rtol=1e-6)
+
+
+def test_a_linear_call_is_its_own_tangent_and_transposes():
+    """Declared linear in its first operand: the tangent is the same call (a
+    second kernel call in the program), its transpose the XLA function's."""
+    x = jnp.arange(6.0)
+    ids = jnp.array([4, 0, 4], jnp.int32)
+
+    def f(x):
+        return on_cpu(_scaled_native, _scaled_xla, x, ids, linear=(0,), scale=2.0)
+
+    _, tangent = jax.jvp(f, (x,), (jnp.ones(6),))
+    np.testing.assert_array_equal(tangent, [2.0, 2.0, 2.0])
+    jaxpr = jax.make_jaxpr(lambda x, t: jax.jvp(f, (x,), (t,)))(x, x)
+    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "jsr_kernel_call"]
+    assert len(calls) == 2
+    (ct,) = jax.linear_transpose(f, x)(jnp.array([1.0, 10.0, 100.0]))
+    np.testing.assert_array_equal(ct, [20.0, 0, 0, 0, 202.0, 0])
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(f(x)))(x), [2, 0, 0, 0, 4, 0])
+
+
+class _Mesh:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+class _Manual:
+    def __init__(self, shape, manual):
+        self.mesh, self.manual_axes = _Mesh(shape), frozenset(manual)
+
+
+class _Devices:
+    def __init__(self, n):
+        self.num_devices = n
+
+
+def test_kernels_run_in_programs_for_one_device():
+    """The kernel runs where the program holds one device's values: a
+    one-device program, a shard_map body manual over every axis of size > 1;
+    a program XLA partitions gets the XLA function."""
+    assert _one_device(_Devices(1))
+    assert not _one_device(_Devices(8))
+    assert _one_device(_Manual({"x": 4}, {"x"}))
+    assert _one_device(_Manual({"x": 4, "y": 1}, {"x"}))
+    assert not _one_device(_Manual({"x": 4, "y": 2}, {"x"}))

@@ -27,8 +27,8 @@ from jaxsparse_rows._dot import (
     _csr_t_dense_xla,
 )
 
-TARGET = _native.CSR_DENSE_TARGET
-T_TARGET = _native.CSR_T_DENSE_TARGET
+TARGET = _native.CSR_DENSE.target
+T_TARGET = _native.CSR_T_DENSE.target
 
 
 def test_kernels_built_where_required():
@@ -305,7 +305,7 @@ def test_first_use_inside_jit_loads_the_kernels():
         "from jaxsparse_rows import _native\n"
         "x = jsr.csr_matrix(([7.0, 8, 9], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 5))\n"
         "lowered = jax.jit(jsr.dot).lower(x, jnp.ones((5, 2)))\n"
-        "print(_native.native_kernels_status(), _native.CSR_DENSE_TARGET in lowered.as_text())\n"
+        "print(_native.native_kernels_status(), _native.CSR_DENSE.target in lowered.as_text())\n"
         "print(jax.jit(jsr.dot)(x, jnp.ones((5, 2))).tolist())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "JAXSPARSE_ROWS_NATIVE"}

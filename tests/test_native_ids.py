@@ -18,8 +18,8 @@ from kernel_switch import kernels_set, needs_kernels
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native, _rowops
 
-UNIQUE = _native.UNIQUE_IDS_TARGET
-SEARCH = _native.SEARCH_IDS_TARGET
+UNIQUE = _native.UNIQUE_IDS.target
+SEARCH = _native.SEARCH_IDS.target
 
 pytestmark = needs_kernels
 

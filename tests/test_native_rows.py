@@ -33,8 +33,8 @@ from jaxsparse_rows._rowops import (
     unique_rows,
 )
 
-GATHER = _native.GATHER_ROWS_TARGET
-SCATTER = _native.SCATTER_ROWS_TARGET
+GATHER = _native.GATHER_ROWS.target
+SCATTER = _native.SCATTER_ROWS.target
 
 pytestmark = needs_kernels
 
@@ -583,15 +583,20 @@ def test_take_from_a_dense_table(rng):
     _assert_same(jax.jit(jsr.take)(table, ids), want)
 
 
-def test_several_cpu_devices_keep_xla_ops_and_shardings():
-    """XLA cannot partition a custom call, so with several CPU devices the
-    kernels stay off: a table sharded by rows keeps its sharding through a
-    lazy step, with no all-gather (in a subprocess with 2 host devices)."""
+def test_several_cpu_devices_kernels_per_device_program():
+    """With several CPU devices the kernels stay on, per program: a ``jit``
+    program that XLA partitions (a table sharded by rows) lowers to XLA's
+    ops and keeps its sharding through a lazy step with no all-gather; a
+    program for one device, and a ``shard_map`` body on each device's shard,
+    run the kernels, with the XLA path's results (in a subprocess with 2 host
+    devices)."""
     code = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp, numpy as np, jaxsparse_rows as jsr
+from jaxsparse_rows import _native
 from jax.sharding import NamedSharding, PartitionSpec as P
+targets = (_native.SCATTER_ROWS.target, _native.GATHER_ROWS.target)
 mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
 p = jax.device_put(jnp.zeros((1000, 8)), NamedSharding(mesh, P("x")))
 opt = jsr.optim.lazy_adam(0.1)
@@ -603,16 +608,38 @@ f = jax.jit(step, donate_argnums=(0, 1))
 s = opt.init(p)
 text = f.lower(p, s, g).compile().as_text()
 out, _ = f(p, s, g)
-print(jsr.native_kernels_status(), jsr.native_kernels_enabled(), "all-gather" in text)
+print(jsr.native_kernels_status(), jsr.native_kernels_enabled(), "all-gather" in text,
+      any(t in text for t in targets))
 vals = np.asarray(out)[[1, 600, 999, 0], 0]
 print(out.sharding.spec == P("x"), [round(float(x), 4) for x in vals])
+# one device's program in the same process: the kernels
+one = jnp.zeros((1000, 8))
+text = jax.jit(step).lower(one, opt.init(one), g).as_text()
+print("one_device", any(t in text for t in targets))
+# a shard_map body: each device's half of the table, its own ids
+ids = jnp.array([[3, 7, 3, 499], [0, 2, 2, 100]])
+table = jnp.arange(8000.0).reshape(1000, 8)
+def body(t, i):
+    def loss(t):
+        return jnp.sum(jnp.sin(jsr.take(t, i[0])))
+    return jax.grad(loss)(t)
+sm = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+text = sm.lower(table, ids).as_text()
+got = sm(table, ids)
+jsr.set_native_kernels(False)
+want = sm(table, ids)
+print("shard_map", _native.GATHER_ROWS.target in text, "all-gather" in text,
+      np.array_equal(np.asarray(got), np.asarray(want)), float(np.abs(np.asarray(got)).sum()) > 0)
 """
     env = {k: v for k, v in os.environ.items() if k not in ("JAXSPARSE_ROWS_NATIVE", "XLA_FLAGS")}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert out[0] == "ok False False"
+    available = jsr.native_kernels_available()
+    assert out[0] == f"{_native.native_kernels_status()} {available} False False"
     assert out[1] == "True [-0.1, -0.1, -0.1, 0.0]"
+    assert out[2] == f"one_device {available}"
+    assert out[3] == f"shard_map {available} False True True"
 
 
 def _spec(a) -> tuple:
@@ -690,8 +717,9 @@ with jax.set_mesh(mesh):
 print("take_of_view", _spec(rows) == ("x", None, None),
       np.array_equal(np.asarray(rows), np.asarray(table)[np.asarray(IDS)]))
 sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+from draw import random_csr
 from tests.test_csr import SHARDED_OPS, oracle
-x = jsr.testing.random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
+x = random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
 w = np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32)
 with jax.set_mesh(mesh):
     on = NamedSharding(mesh, P("x"))

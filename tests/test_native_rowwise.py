@@ -25,7 +25,7 @@ from jaxsparse_rows.optim import _rowwise_rows
 from jaxsparse_rows.optim._rowwise_rows import rowwise_adagrad_rows
 from tests import strategies as sst
 
-ROWWISE = _native.ROWWISE_ADAGRAD_TARGET
+ROWWISE = _native.ROWWISE_ADAGRAD.target
 
 pytestmark = needs_kernels
 
@@ -418,7 +418,7 @@ def test_folded_learning_rate_step_is_two_kernel_calls():
     hlo = jax.jit(step, donate_argnums=(0, 1)).lower(p, opt.init(p), g).compile().as_text()
     entry = hlo[hlo.index("\nENTRY") :]
     assert entry.count("custom-call(") == 2 and ROWWISE in entry
-    assert _native.SCATTER_ROWS_TARGET in entry
+    assert _native.SCATTER_ROWS.target in entry
     assert " fusion(" not in entry and " multiply(" not in entry
 
 

@@ -31,7 +31,7 @@ def _is_row_scatter(eqn) -> bool:
     return (
         eqn.primitive.name == "ffi_call"
         and eqn.params["target_name"]
-        in (_native.SCATTER_ROWS_TARGET, _native.ROWWISE_ADAGRAD_TARGET)
+        in (_native.SCATTER_ROWS.target, _native.ROWWISE_ADAGRAD.target)
         and dict(eqn.params["input_output_aliases"]) == {0: 0}
     )
 
@@ -89,6 +89,8 @@ def _all_eqns(jaxpr):
         if eqn.primitive.name == "jsr_kernel_call":
             avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
             for fn in (eqn.params["native"], eqn.params["xla"]):
+                if fn is None:  # a call with no native form
+                    continue
                 fn = functools.partial(fn, **dict(eqn.params["static"]))
                 yield from _all_eqns(jax.make_jaxpr(fn)(*avals).jaxpr)
             continue

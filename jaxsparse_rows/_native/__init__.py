@@ -51,23 +51,15 @@ from . import _library
 from ._library import library_path
 from ._registry import (
     CSR_DENSE,
-    CSR_DENSE_TARGET,
     CSR_T_DENSE,
-    CSR_T_DENSE_TARGET,
     GATHER_ROWS,
-    GATHER_ROWS_TARGET,
     KERNELS,
     ROWWISE_ADAGRAD,
-    ROWWISE_ADAGRAD_TARGET,
     SCATTER_ROWS,
-    SCATTER_ROWS_TARGET,
     SEARCH_IDS,
-    SEARCH_IDS_TARGET,
     SUM_ROWS,
-    SUM_ROWS_TARGET,
     TARGETS,
     UNIQUE_IDS,
-    UNIQUE_IDS_TARGET,
     Kernel,
     csr_dense_call,
     csr_t_dense_call,
@@ -126,28 +118,29 @@ def native_kernels_available() -> bool:
 
 
 def native_kernels_enabled() -> bool:
-    """Whether ops traced from now on use the native CPU kernels: available, not
-    turned off by :func:`set_native_kernels` or ``JAXSPARSE_ROWS_NATIVE=0``, and
-    a single CPU device.
+    """Whether ops traced from now on use the native CPU kernels: available and
+    not turned off by :func:`set_native_kernels` or ``JAXSPARSE_ROWS_NATIVE=0``.
 
-    With several CPU devices (``--xla_force_host_platform_device_count``, or a
-    multi-process CPU run) an array may be sharded across them, and XLA cannot
-    partition a custom call: it would gather a sharded table onto every device.
-    The XLA ops, which it partitions, are used there instead.
+    They run in programs for one CPU device: a single-device computation (in
+    a process with several devices too), and the body of a ``shard_map`` on
+    each device's shard. A ``jax.jit`` program that XLA partitions over
+    several devices (arrays sharded over a mesh) lowers the same ops to XLA's
+    gathers and scatters instead: XLA cannot partition a custom call, and
+    would gather a sharded table onto every device to run it.
 
     Example:
       >>> import jaxsparse_rows as jsr
       >>> jsr.native_kernels_enabled() <= jsr.native_kernels_available()
       True
     """
-    return _enabled and native_kernels_available() and _single_cpu_device()
+    return _enabled and native_kernels_available()
 
 
-def _single_cpu_device() -> bool:
-    try:
-        return len(jax.devices("cpu")) == 1
-    except RuntimeError:  # no CPU backend
-        return False
+def kernels_switched_on() -> bool:
+    """The user's switch alone (:func:`set_native_kernels`,
+    ``JAXSPARSE_ROWS_NATIVE``), whatever is built: it also turns the library's
+    GPU kernels on and off."""
+    return _enabled
 
 
 def set_native_kernels(enabled: bool = True) -> None:
@@ -173,18 +166,6 @@ def set_native_kernels(enabled: bool = True) -> None:
         jax.clear_caches()
 
 
-_SUPPORTS = {
-    CSR_DENSE: supports,
-    CSR_T_DENSE: supports,
-    GATHER_ROWS: supports_rows,
-    SCATTER_ROWS: supports_rows,
-    SUM_ROWS: supports_rows,
-    UNIQUE_IDS: lambda *ids: all(supports_ids(i) for i in ids),
-    SEARCH_IDS: lambda *ids: all(supports_ids(i) for i in ids),
-    ROWWISE_ADAGRAD: supports_rowwise_adagrad,
-}
-
-
 def use(kernel: Kernel, *operands: Any, **options: Any) -> bool:
     """Whether ``kernel`` runs for these operands in programs traced now: the
     kernels are enabled (:func:`native_kernels_enabled`) and the kernel takes
@@ -192,24 +173,25 @@ def use(kernel: Kernel, *operands: Any, **options: Any) -> bool:
     Callers then lower through :func:`jaxsparse_rows._kernel_call.on_cpu` (or
     their own primitive), which still picks XLA's ops off CPU and for
     ``jax.export``."""
-    return native_kernels_enabled() and _SUPPORTS[kernel](*operands, **options)
+    return native_kernels_enabled() and kernel.supports(*operands, **options)
 
 
 __all__ = [
-    "UNIQUE_IDS_TARGET",
-    "SUM_ROWS_TARGET",
-    "SEARCH_IDS_TARGET",
-    "SCATTER_ROWS_TARGET",
-    "ROWWISE_ADAGRAD_TARGET",
-    "GATHER_ROWS_TARGET",
-    "CSR_T_DENSE_TARGET",
-    "CSR_DENSE_TARGET",
+    "CSR_DENSE",
+    "CSR_T_DENSE",
+    "GATHER_ROWS",
     "KERNELS",
+    "ROWWISE_ADAGRAD",
+    "SCATTER_ROWS",
+    "SEARCH_IDS",
+    "SUM_ROWS",
     "TARGETS",
+    "UNIQUE_IDS",
     "Kernel",
     "csr_dense_call",
     "csr_t_dense_call",
     "gather_rows_call",
+    "kernels_switched_on",
     "library_path",
     "native_kernels_available",
     "native_kernels_enabled",
@@ -219,6 +201,10 @@ __all__ = [
     "search_ids_call",
     "set_native_kernels",
     "sum_rows_call",
+    "supports",
+    "supports_ids",
+    "supports_rows",
+    "supports_rowwise_adagrad",
     "unique_ids_call",
     "use",
 ]

@@ -1,63 +1,25 @@
-"""The native CPU kernels, each declared once: its custom-call target, the
-handler symbol in the ``_kernels`` library, which operands it takes, and the
-raw FFI call that runs it.
+"""The native CPU kernels, each declared once (:data:`KERNELS`): its
+custom-call target, the handler symbol in the ``_kernels`` library, which
+operands it takes, and the raw FFI call that runs it.
 
-Adding a kernel means its C++ (a handler exported as ``symbol``), one
-:class:`Kernel` in :data:`KERNELS`, its call and support test here, its case
-in ``_selftest``, and its tests. (The compiled library itself is the
-extension module ``_kernels`` beside this file.) ``_library`` registers every declared target
-when the library loads; callers ask :func:`jaxsparse_rows._native.use`
-whether a kernel runs for their operands (the one on/off rule).
+Adding a kernel means its C++ (a handler exported as ``symbol``), its call
+and support test and one :class:`Kernel` here, its case in ``_selftest``, its
+use through :func:`jaxsparse_rows._kernel_call.on_cpu` beside its XLA
+reference, and its tests. (The compiled library itself is the extension
+module ``_kernels`` beside this file.) ``_library`` registers every declared
+target when the library loads; callers ask
+:func:`jaxsparse_rows._native.use` whether a kernel runs for their operands
+(the one on/off rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """One native kernel: the custom-call ``target`` its programs name and the
-    ``symbol`` of its XLA FFI handler in the library."""
-
-    target: str
-    symbol: str
-
-
-CSR_DENSE = Kernel("jaxsparse_rows_csr_dense", "jsr_csr_dense")
-CSR_T_DENSE = Kernel("jaxsparse_rows_csr_t_dense", "jsr_csr_t_dense")
-GATHER_ROWS = Kernel("jaxsparse_rows_gather_rows", "jsr_gather_rows")
-SCATTER_ROWS = Kernel("jaxsparse_rows_scatter_rows", "jsr_scatter_rows")
-SUM_ROWS = Kernel("jaxsparse_rows_sum_rows", "jsr_sum_rows")
-UNIQUE_IDS = Kernel("jaxsparse_rows_unique_ids", "jsr_unique_ids")
-SEARCH_IDS = Kernel("jaxsparse_rows_search_ids", "jsr_search_ids")
-ROWWISE_ADAGRAD = Kernel("jaxsparse_rows_rowwise_adagrad", "jsr_rowwise_adagrad")
-KERNELS = (
-    CSR_DENSE,
-    CSR_T_DENSE,
-    GATHER_ROWS,
-    SCATTER_ROWS,
-    SUM_ROWS,
-    UNIQUE_IDS,
-    SEARCH_IDS,
-    ROWWISE_ADAGRAD,
-)
-TARGETS = tuple(kernel.target for kernel in KERNELS)
-"""Every custom-call target name of the kernels. A program lowered for
-``jax.export`` contains none of them (``_kernel_call``)."""
-
-CSR_DENSE_TARGET = CSR_DENSE.target
-CSR_T_DENSE_TARGET = CSR_T_DENSE.target
-GATHER_ROWS_TARGET = GATHER_ROWS.target
-SCATTER_ROWS_TARGET = SCATTER_ROWS.target
-SUM_ROWS_TARGET = SUM_ROWS.target
-UNIQUE_IDS_TARGET = UNIQUE_IDS.target
-SEARCH_IDS_TARGET = SEARCH_IDS.target
-ROWWISE_ADAGRAD_TARGET = ROWWISE_ADAGRAD.target
 
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -92,7 +54,7 @@ def csr_dense_call(vals: Any, cols: Any, indptr: Any, table: Any) -> jax.Array:
     written in XLA ops. Batching runs the kernel once per batch element.
     """
     out = jax.ShapeDtypeStruct((indptr.shape[0] - 1,) + tuple(table.shape[1:]), table.dtype)
-    call = jax.ffi.ffi_call(CSR_DENSE_TARGET, out, vmap_method="sequential")
+    call = jax.ffi.ffi_call(CSR_DENSE.target, out, vmap_method="sequential")
     return call(vals, cols, indptr, table)
 
 
@@ -110,7 +72,7 @@ def csr_t_dense_call(vals: Any, cols: Any, rows: Any, table: Any, k: int):
         jax.ShapeDtypeStruct((cap,), cols.dtype),
         jax.ShapeDtypeStruct((cap,) + tuple(table.shape[1:]), table.dtype),
     )
-    call = jax.ffi.ffi_call(CSR_T_DENSE_TARGET, out, vmap_method="sequential")
+    call = jax.ffi.ffi_call(CSR_T_DENSE.target, out, vmap_method="sequential")
     return call(vals, cols, rows, table, k=np.int64(k))
 
 
@@ -154,7 +116,7 @@ def gather_rows_call(table: Any, ids: Any) -> jax.Array:
     """The raw FFI call: ``out[i] = table[ids[i]]``, a zero row where ``ids[i]``
     is outside ``[0, N)``. CPU only and not differentiable by itself."""
     out = jax.ShapeDtypeStruct(tuple(ids.shape) + tuple(table.shape[1:]), table.dtype)
-    return jax.ffi.ffi_call(GATHER_ROWS_TARGET, out, vmap_method="sequential")(table, ids)
+    return jax.ffi.ffi_call(GATHER_ROWS.target, out, vmap_method="sequential")(table, ids)
 
 
 def scatter_rows_call(table: Any, ids: Any, rows: Any, add: bool = False) -> jax.Array:
@@ -164,7 +126,7 @@ def scatter_rows_call(table: Any, ids: Any, rows: Any, add: bool = False) -> jax
     differentiable by itself."""
     out = jax.ShapeDtypeStruct(tuple(table.shape), table.dtype)
     call = jax.ffi.ffi_call(
-        SCATTER_ROWS_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
+        SCATTER_ROWS.target, out, vmap_method="sequential", input_output_aliases={0: 0}
     )
     return call(table, ids, rows, add=bool(add))
 
@@ -175,7 +137,7 @@ def sum_rows_call(rows: Any, ids: Any, n: int) -> jax.Array:
     float32/float64 rows. CPU only and not differentiable by itself (the
     primitive of ``_rowops`` lowers to it)."""
     out = jax.ShapeDtypeStruct((int(n),) + tuple(rows.shape[1:]), rows.dtype)
-    return jax.ffi.ffi_call(SUM_ROWS_TARGET, out, vmap_method="sequential")(rows, ids)
+    return jax.ffi.ffi_call(SUM_ROWS.target, out, vmap_method="sequential")(rows, ids)
 
 
 def supports_rowwise_adagrad(acc: Any, ids: Any, grad: Any) -> bool:
@@ -210,7 +172,7 @@ def rowwise_adagrad_call(acc: Any, ids: Any, grad: Any, eps: Any, alpha: Any):
         jax.ShapeDtypeStruct(tuple(grad.shape), acc.dtype),
     )
     call = jax.ffi.ffi_call(
-        ROWWISE_ADAGRAD_TARGET, out, vmap_method="sequential", input_output_aliases={0: 0}
+        ROWWISE_ADAGRAD.target, out, vmap_method="sequential", input_output_aliases={0: 0}
     )
     return tuple(call(acc, ids, grad, eps, alpha))
 
@@ -234,7 +196,7 @@ def unique_ids_call(ids: Any, n_rows: int, capacity: int):
         jax.ShapeDtypeStruct((), ids.dtype),
         jax.ShapeDtypeStruct(ids.shape, ids.dtype),
     )
-    call = jax.ffi.ffi_call(UNIQUE_IDS_TARGET, out, vmap_method="sequential")
+    call = jax.ffi.ffi_call(UNIQUE_IDS.target, out, vmap_method="sequential")
     return tuple(call(ids, n_rows=np.int64(n_rows)))
 
 
@@ -244,5 +206,48 @@ def search_ids_call(sorted_ids: Any, queries: Any, n_rows: int) -> jax.Array:
     or outside ``[0, n_rows)``. CPU only; needs the library loaded, as
     :func:`unique_ids_call`."""
     out = jax.ShapeDtypeStruct(queries.shape, queries.dtype)
-    call = jax.ffi.ffi_call(SEARCH_IDS_TARGET, out, vmap_method="sequential")
+    call = jax.ffi.ffi_call(SEARCH_IDS.target, out, vmap_method="sequential")
     return call(sorted_ids, queries, n_rows=np.int64(n_rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One native kernel: the custom-call ``target`` its programs name, the
+    ``symbol`` of its XLA FFI handler in the library, and ``supports(*operands,
+    **options)``: whether it takes operands of these shapes and dtypes. Its
+    raw FFI call (CPU only, not differentiable by itself) is the ``*_call``
+    function of this module named after it."""
+
+    target: str
+    symbol: str
+    supports: Callable[..., bool]
+
+
+def supports_each_ids(*ids: Any) -> bool:
+    """Whether the id kernels take every one of ``ids`` (:func:`supports_ids`)."""
+    return all(supports_ids(i) for i in ids)
+
+
+CSR_DENSE = Kernel("jaxsparse_rows_csr_dense", "jsr_csr_dense", supports)
+CSR_T_DENSE = Kernel("jaxsparse_rows_csr_t_dense", "jsr_csr_t_dense", supports)
+GATHER_ROWS = Kernel("jaxsparse_rows_gather_rows", "jsr_gather_rows", supports_rows)
+SCATTER_ROWS = Kernel("jaxsparse_rows_scatter_rows", "jsr_scatter_rows", supports_rows)
+SUM_ROWS = Kernel("jaxsparse_rows_sum_rows", "jsr_sum_rows", supports_rows)
+UNIQUE_IDS = Kernel("jaxsparse_rows_unique_ids", "jsr_unique_ids", supports_each_ids)
+SEARCH_IDS = Kernel("jaxsparse_rows_search_ids", "jsr_search_ids", supports_each_ids)
+ROWWISE_ADAGRAD = Kernel(
+    "jaxsparse_rows_rowwise_adagrad", "jsr_rowwise_adagrad", supports_rowwise_adagrad
+)
+KERNELS = (
+    CSR_DENSE,
+    CSR_T_DENSE,
+    GATHER_ROWS,
+    SCATTER_ROWS,
+    SUM_ROWS,
+    UNIQUE_IDS,
+    SEARCH_IDS,
+    ROWWISE_ADAGRAD,
+)
+TARGETS = tuple(kernel.target for kernel in KERNELS)
+"""Every custom-call target name of the kernels. A program lowered for
+``jax.export`` contains none of them (``_kernel_call``)."""
