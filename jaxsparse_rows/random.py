@@ -41,7 +41,7 @@ def _real_scalar(value: Any, name: str, expected: str) -> float:
     return float(arr)
 
 
-def check_density(density: Any) -> float:
+def _check_density(density: Any) -> float:
     value = _real_scalar(density, "density", "a number in [0, 1]")
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"`density` must lie in [0, 1], got {density!r}.")
@@ -148,10 +148,6 @@ def _uniform(rng: np.random.Generator, shape, dtype, minval: float, maxval: floa
     return np.clip(values, bottom, top).astype(dtype, copy=False)
 
 
-def _values(rng: np.random.Generator, shape, dtype, minval: float, maxval: float) -> jax.Array:
-    return jnp.asarray(_uniform(rng, shape, dtype, minval, maxval))
-
-
 def csr(
     key: jax.Array,
     shape: Sequence[int],
@@ -159,11 +155,12 @@ def csr(
     dtype: Any = jnp.float32,
     minval: float = 0.0,
     maxval: float = 1.0,
+    nse: int | None = None,
 ) -> CSR:
     """A random CSR matrix with ``round(density * M * K)`` stored entries.
 
     Positions are uniform without replacement; values are uniform in
-    ``[minval, maxval)``. The result has no padding.
+    ``[minval, maxval)``.
 
     Args:
       key: a ``jax.random`` key; the same key gives the same matrix.
@@ -173,6 +170,8 @@ def csr(
       minval: lower end of the range of the values: a finite number that
         ``dtype`` can hold.
       maxval: upper end of the range of the values, ``> minval``, likewise.
+      nse: entry slots of the result (default: exactly the stored entries);
+        extra slots are padding (column id ``K``, zero data).
 
     Raises:
       TypeError, ValueError: naming the argument that is not of the kind or
@@ -183,23 +182,34 @@ def csr(
       >>> x = jsr.random.csr(jax.random.key(0), (1000, 100), 0.01)
       >>> x, int(x.nnz)
       (CSR(float32[1000, 100], nnz=1000), 1000)
+      >>> jsr.random.csr(jax.random.key(0), (4, 6), 0.5, nse=16)
+      CSR(float32[4, 6], nnz=12, nse=16)
     """
     rng = _host_rng(key)
     shape = as_shape(shape, index_dims=2)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D (M, K) for a CSR, got {shape}.")
-    density = check_density(density)
+    density = _check_density(density)
     dtype = _check_float(dtype, "csr")
     minval, maxval = _check_range(minval, maxval, dtype)
     m, n = shape
     nnz = int(round(density * m * n))
+    cap = nnz if nse is None else check_static_int(nse, "nse")
+    if cap < nnz:
+        raise ValueError(
+            f"`nse` = {cap} is smaller than the {nnz} entries that density {density} of "
+            f"{m} x {n} stores; pass an nse >= {nnz} or None."
+        )
     flat = _positions(rng, m * n, nnz)
     rows, cols = flat // max(n, 1), flat % max(n, 1)
     idt = index_dtype()
     indptr = np.zeros(m + 1, idt)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    data = _values(rng, (nnz,), dtype, minval, maxval)
-    return CSR._make(data, jnp.asarray(cols.astype(idt)), jnp.asarray(indptr), shape)
+    indices = np.full(cap, n, idt)
+    indices[:nnz] = cols
+    data = np.zeros(cap, dtype)
+    data[:nnz] = _uniform(rng, (nnz,), dtype, minval, maxval)
+    return CSR._make(jnp.asarray(data), jnp.asarray(indices), jnp.asarray(indptr), shape)
 
 
 def row_sparse(
@@ -219,7 +229,8 @@ def row_sparse(
     Args:
       key: a ``jax.random`` key; the same key gives the same array.
       shape: ``(N, D1, ..., Dn)``.
-      density: fraction of the rows that are stored, in ``[0, 1]``.
+      density: fraction of the rows that are stored, in ``[0, 1]``
+        (``k / N`` stores exactly ``k`` rows).
       dtype: a floating dtype.
       minval: lower end of the range of the values: a finite number that
         ``dtype`` can hold.
@@ -241,7 +252,7 @@ def row_sparse(
     shape = as_shape(shape)
     if len(shape) < 1:
         raise ValueError("`shape` must have at least one dimension (the rows), got ().")
-    density = check_density(density)
+    density = _check_density(density)
     dtype = _check_float(dtype, "row_sparse")
     minval, maxval = _check_range(minval, maxval, dtype)
     n = shape[0]

@@ -1,15 +1,15 @@
-"""Test helpers for code that uses jaxsparse_rows: random sparse arrays and
-dense-oracle assertions.
+"""Test helpers for code that uses jaxsparse_rows: dense-oracle assertions
+and exact dense test values (random sparse arrays come from
+:mod:`jsr.random <jaxsparse_rows.random>`).
 
 Everything here is plain numpy + jax (no pytest or hypothesis), so it can be
 used from any test framework::
 
-    import numpy as np
+    import jax
     import jaxsparse_rows as jsr
     from jaxsparse_rows import testing as jsrt
 
-    rng = np.random.default_rng(0)
-    x = jsrt.random_rowsparse(rng, (10, 3), n_rows=4, capacity=6)
+    x = jsr.random.row_sparse(jax.random.key(0), (10, 3), 0.4, capacity=6)
     jsrt.assert_allclose(x * 2, 2 * x.asnumpy(), stype="row_sparse")
 """
 
@@ -22,19 +22,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._args import check_static_int
 from ._csr import CSR, validate_csr
 from ._dtypes import index_dtype
 from ._rowsparse import RowSparse, as_shape, validate_padding_data, validate_row_indices
 from ._storage import stype as _stype
-from .random import check_density
 
 __all__ = [
     "assert_allclose",
     "assert_valid",
-    "random_csr",
     "random_dense",
-    "random_rowsparse",
     "tolerance",
 ]
 
@@ -71,30 +67,6 @@ def _check_rng(rng: Any) -> np.random.Generator:
     return rng
 
 
-def _check_shape(shape: Any, index_dims: int = 0, ndim: int | None = None) -> tuple[int, ...]:
-    """A tuple of ints >= 0 with at least ``index_dims`` dimensions (exactly
-    ``ndim`` if given); errors name `shape`."""
-    out = as_shape(shape, index_dims=index_dims)
-    if ndim is not None and len(out) != ndim:
-        raise ValueError(f"`shape` must be {ndim}-D, got {shape!r}.")
-    if len(out) < index_dims:
-        raise ValueError(f"`shape` must have at least {index_dims} dimension(s), got {shape!r}.")
-    return out
-
-
-def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """Non-zero values exact in ``dtype`` (see :func:`random_dense`)."""
-    dtype = jnp.dtype(dtype)
-    mag = rng.integers(1, 9, size=shape)
-    if jnp.issubdtype(dtype, jnp.unsignedinteger) or dtype == np.bool_:
-        return mag.astype(dtype)
-    sign = rng.choice(np.array([-1, 1]), size=shape)
-    vals = sign * mag
-    if jnp.issubdtype(dtype, jnp.floating):
-        return (vals / 4.0).astype(dtype)
-    return vals.astype(dtype)
-
-
 def random_dense(
     rng: np.random.Generator, shape: Sequence[int], dtype: Any = np.float32
 ) -> np.ndarray:
@@ -119,105 +91,17 @@ def random_dense(
       >>> bool(np.all((np.abs(y) >= 1) & (np.abs(y) <= 8)))
       True
     """
-    return _values(_check_rng(rng), _check_shape(shape), dtype)
-
-
-def random_rowsparse(
-    rng: np.random.Generator,
-    shape: Sequence[int],
-    *,
-    n_rows: int | None = None,
-    capacity: int | None = None,
-    dtype: Any = np.float32,
-) -> RowSparse:
-    """A random canonical RowSparse array.
-
-    Args:
-      rng: a ``numpy.random.Generator``.
-      shape: the dense shape ``(N, D1..Dn)``: one or more ints ``>= 0``.
-      n_rows: number of stored (real) rows, an int in ``[0, N]``, chosen at
-        random if omitted. Stored rows hold non-zero values.
-      capacity: static capacity, an int ``k >= n_rows``; slots past the real
-        rows are padding (id ``N``, zero data). Default: ``n_rows`` (no padding).
-      dtype: the data dtype.
-
-    Raises:
-      TypeError, ValueError: naming the argument that is not as described.
-
-    Example:
-      >>> import numpy as np
-      >>> from jaxsparse_rows import testing as jsrt
-      >>> x = jsrt.random_rowsparse(np.random.default_rng(0), (5, 2), n_rows=2, capacity=3)
-      >>> x, x.indices[-1].item()
-      (RowSparse(float32[5, 2], rows=2, capacity=3), 5)
-    """
     rng = _check_rng(rng)
-    shape = _check_shape(shape, index_dims=1)
-    n = shape[0]
-    if n_rows is None:
-        n_rows = int(rng.integers(0, n + 1))
-    n_rows = check_static_int(n_rows, "n_rows")
-    if not 0 <= n_rows <= n:
-        raise ValueError(f"`n_rows` must lie in [0, N] = [0, {n}], got {n_rows}.")
-    capacity = n_rows if capacity is None else check_static_int(capacity, "capacity")
-    if capacity < n_rows:
-        raise ValueError(f"`capacity` must be >= `n_rows` = {n_rows}, got {capacity}.")
-    rows = np.sort(rng.choice(n, size=n_rows, replace=False)) if n_rows else np.zeros(0, int)
-    idx = np.full((capacity,), n, dtype=index_dtype())
-    idx[:n_rows] = rows
-    data = np.zeros((capacity,) + shape[1:], dtype=jnp.dtype(dtype))
-    data[:n_rows] = _values(rng, (n_rows,) + shape[1:], dtype)
-    return RowSparse(data, idx, shape)
-
-
-def random_csr(
-    rng: np.random.Generator,
-    shape: Sequence[int],
-    *,
-    density: float = 0.3,
-    nse: int | None = None,
-    dtype: Any = np.float32,
-) -> CSR:
-    """A random canonical CSR matrix.
-
-    Args:
-      rng: a ``numpy.random.Generator``.
-      shape: ``(M, K)``, ints ``>= 0``.
-      density: probability in ``[0, 1]`` that an entry is stored (stored values
-        are non-zero).
-      nse: static capacity, an int ``>= 0``; default the number of stored
-        entries. Extra slots are padding (column id ``K``, zero data). If fewer
-        than the drawn entries, the entries are thinned to fit.
-      dtype: the data dtype.
-
-    Raises:
-      TypeError, ValueError: naming the argument that is not as described.
-
-    Example:
-      >>> import numpy as np
-      >>> from jaxsparse_rows import testing as jsrt
-      >>> x = jsrt.random_csr(np.random.default_rng(0), (4, 6), density=0.5, nse=20)
-      >>> x.nse, x.shape
-      (20, (4, 6))
-    """
-    rng = _check_rng(rng)
-    m, k = _check_shape(shape, index_dims=2, ndim=2)
-    density = check_density(density)
-    nse = None if nse is None else check_static_int(nse, "nse")
-    mask = rng.random((m, k)) < density
-    rows, cols = np.nonzero(mask)
-    if nse is not None and len(rows) > nse:
-        keep = np.sort(rng.choice(len(rows), size=nse, replace=False))
-        rows, cols = rows[keep], cols[keep]
-    cap = len(rows) if nse is None else int(nse)
-    idt = index_dtype()
-    data = np.zeros((cap,), jnp.dtype(dtype))
-    data[: len(rows)] = _values(rng, (len(rows),), dtype)
-    ind = np.full((cap,), k, idt)
-    ind[: len(rows)] = cols
-    indptr = np.zeros((m + 1,), idt)
-    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return CSR(data, ind, indptr, (m, k))
+    shape = as_shape(shape, index_dims=0)
+    dtype = jnp.dtype(dtype)
+    mag = rng.integers(1, 9, size=shape)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger) or dtype == np.bool_:
+        return mag.astype(dtype)
+    sign = rng.choice(np.array([-1, 1]), size=shape)
+    vals = sign * mag
+    if jnp.issubdtype(dtype, jnp.floating):
+        return (vals / 4.0).astype(dtype)
+    return vals.astype(dtype)
 
 
 def _dense(x: Any) -> np.ndarray:

@@ -1,10 +1,11 @@
-"""Small hypothesis strategies for RowSparse / CSR arrays (built on jsr.testing)."""
+"""Small hypothesis strategies for RowSparse / CSR arrays (built on draw.py)."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
+from draw import random_csr, random_rowsparse
 from hypothesis import strategies as st
 
 from jaxsparse_rows import testing as jsrt
@@ -28,7 +29,7 @@ def rowsparse(draw, *, shape=None, dtype=np.float32, max_n=8, max_pad=2):
     pad = draw(st.integers(0, max_pad))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    return jsrt.random_rowsparse(rng, shape, n_rows=n_rows, capacity=n_rows + pad, dtype=dtype)
+    return random_rowsparse(rng, shape, n_rows=n_rows, capacity=n_rows + pad, dtype=dtype)
 
 
 @st.composite
@@ -46,10 +47,10 @@ def csr(draw, *, shape=None, dtype=np.float32, max_dim=6, max_pad=3):
     density = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    x = jsrt.random_csr(rng, shape, density=density, dtype=dtype)
+    x = random_csr(rng, shape, density=density, dtype=dtype)
     pad = draw(st.integers(0, max_pad))
     if pad:
-        x = jsrt.random_csr(
+        x = random_csr(
             np.random.default_rng(seed), shape, density=density, nse=x.nse + pad, dtype=dtype
         )
     return x

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_csr, random_rowsparse
 from jax.experimental import checkify
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import testing as jsrt
 
 
 def rsp(data, idx, shape):
@@ -58,13 +58,13 @@ def test_check_accepts_valid_arrays(jit_mode):
     """Eagerly ``check`` returns None; under jit its checkify errors are empty."""
     rng = np.random.default_rng(0)
     good = [
-        jsrt.random_rowsparse(rng, (6, 2), n_rows=3, capacity=5),
-        jsrt.random_rowsparse(rng, (0, 2), n_rows=0, capacity=2),
-        jsrt.random_rowsparse(rng, (3, 2, 2), n_rows=3),
-        jsrt.random_rowsparse(rng, (4, 0), n_rows=2, capacity=3),  # D = 0
+        random_rowsparse(rng, (6, 2), n_rows=3, capacity=5),
+        random_rowsparse(rng, (0, 2), n_rows=0, capacity=2),
+        random_rowsparse(rng, (3, 2, 2), n_rows=3),
+        random_rowsparse(rng, (4, 0), n_rows=2, capacity=3),  # D = 0
         jsr.zeros("row_sparse", (4,)),
-        jsrt.random_csr(rng, (4, 5), density=0.5, nse=15),
-        jsrt.random_csr(rng, (3, 0), nse=2),  # (M, 0), padding only
+        random_csr(rng, (4, 5), density=0.5, nse=15),
+        random_csr(rng, (3, 0), nse=2),  # (M, 0), padding only
         jsr.zeros("csr", (0, 3)),
     ]
     check = jit_mode(jsr.check)
@@ -83,7 +83,7 @@ def test_check_inside_a_jitted_function():
         return x * 2
 
     checked = checkify.checkify(step)
-    err, out = checked(jsrt.random_rowsparse(np.random.default_rng(1), (5, 2), n_rows=2))
+    err, out = checked(random_rowsparse(np.random.default_rng(1), (5, 2), n_rows=2))
     err.throw()
     err, _ = checked(BAD[0][0])
     with pytest.raises(checkify.JaxRuntimeError, match="sorted ascending"):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_csr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
@@ -43,10 +44,10 @@ def oracle(x: jsr.CSR) -> np.ndarray:
 
 
 def make(shape, density, pad, dtype=np.float32, seed=0):
-    base = jsrt.random_csr(np.random.default_rng(seed), shape, density=density, dtype=dtype)
+    base = random_csr(np.random.default_rng(seed), shape, density=density, dtype=dtype)
     if not pad:
         return base
-    return jsrt.random_csr(
+    return random_csr(
         np.random.default_rng(seed), shape, density=density, nse=base.nse + pad, dtype=dtype
     )
 
@@ -520,7 +521,7 @@ def test_ops_of_a_csr_sharded_over_an_explicit_axis(op, jit_mode):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    x = jsrt.random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
+    x = random_csr(np.random.default_rng(3), (4, 6), density=0.4, nse=12)
     d = oracle(x)
     w = np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32)
     fn, want = SHARDED_OPS[op]
@@ -540,7 +541,7 @@ def test_values_only_ops_of_a_sharded_csr_keep_its_sharding():
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    x = jsrt.random_csr(np.random.default_rng(5), (3, 5), density=0.5, nse=8)
+    x = random_csr(np.random.default_rng(5), (3, 5), density=0.5, nse=8)
     mesh = jax.make_mesh((1,), ("b",), axis_types=(AxisType.Explicit,))
 
     def loss(vals, csr):

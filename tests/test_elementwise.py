@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from draw import random_csr, random_rowsparse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,10 +27,10 @@ N, D = 6, 2
 @functools.cache
 def inputs(dtype=jnp.float32):
     rng = np.random.default_rng(0)
-    r1 = jsrt.random_rowsparse(rng, (N, D), n_rows=3, capacity=4, dtype=dtype)
-    r2 = jsrt.random_rowsparse(rng, (N, D), n_rows=3, capacity=5, dtype=dtype)
-    c1 = jsrt.random_csr(rng, (N, D), density=0.4, nse=8, dtype=dtype)
-    c2 = jsrt.random_csr(rng, (N, D), density=0.4, dtype=dtype)
+    r1 = random_rowsparse(rng, (N, D), n_rows=3, capacity=4, dtype=dtype)
+    r2 = random_rowsparse(rng, (N, D), n_rows=3, capacity=5, dtype=dtype)
+    c1 = random_csr(rng, (N, D), density=0.4, nse=8, dtype=dtype)
+    c2 = random_csr(rng, (N, D), density=0.4, dtype=dtype)
     dense = jnp.asarray(jsrt.random_dense(rng, (N, D), dtype))
     return r1, r2, c1, c2, dense
 
@@ -218,8 +219,8 @@ UNARY_CSR_CASES = [
 @functools.cache
 def _unary_cases(dtype):
     rng = np.random.default_rng(13)
-    bases = [jsrt.random_rowsparse(rng, s, n_rows=n, capacity=k) for s, n, k in UNARY_RSP_CASES]
-    bases += [jsrt.random_csr(rng, s, density=p, nse=k) for s, p, k in UNARY_CSR_CASES]
+    bases = [random_rowsparse(rng, s, n_rows=n, capacity=k) for s, n, k in UNARY_RSP_CASES]
+    bases += [random_csr(rng, s, density=p, nse=k) for s, p, k in UNARY_CSR_CASES]
     padded_csr = bases[-2]
     assert ROUNDING_CASES.size <= int(padded_csr.nnz) < padded_csr.nse
     return {
@@ -463,8 +464,8 @@ def test_union_under_jit_with_padding_and_k0():
     f = jax.jit(lambda a, b: (a + b, a * b))
     rng = np.random.default_rng(11)
     for ka, kb in [(0, 0), (0, 3), (2, 4)]:
-        a = jsrt.random_rowsparse(rng, (5, 3), n_rows=ka, capacity=ka + 1)
-        b = jsrt.random_rowsparse(rng, (5, 3), n_rows=kb, capacity=kb)
+        a = random_rowsparse(rng, (5, 3), n_rows=ka, capacity=ka + 1)
+        b = random_rowsparse(rng, (5, 3), n_rows=kb, capacity=kb)
         s, p = f(a, b)
         jsrt.assert_allclose(s, dense_of(a) + dense_of(b), stype="row_sparse")
         jsrt.assert_allclose(p, dense_of(a) * dense_of(b), stype="row_sparse")
@@ -475,7 +476,7 @@ def test_union_under_jit_with_padding_and_k0():
 def test_optax_apply_updates_scatter_adds(dtype, jit_mode):
     rng = np.random.default_rng(5)
     params = {"emb": jnp.asarray(jsrt.random_dense(rng, (N, D), dtype)), "b": jnp.ones(3, dtype)}
-    upd = jsrt.random_rowsparse(rng, (N, D), n_rows=2, capacity=4, dtype=dtype)
+    upd = random_rowsparse(rng, (N, D), n_rows=2, capacity=4, dtype=dtype)
     updates = {"emb": upd, "b": jnp.full(3, 0.5, dtype)}
     new = jit_mode(optax.apply_updates)(params, updates)
     assert jsr.stype(new["emb"]) == "default" and new["emb"].dtype == dtype
@@ -580,9 +581,9 @@ def _sparse_like(kind, dense):
 def test_equality_is_elementwise_and_dense(kind, jit_mode):
     rng = np.random.default_rng(21)
     if kind == "row_sparse":
-        x = jsrt.random_rowsparse(rng, (6, 3), n_rows=3, capacity=4)
+        x = random_rowsparse(rng, (6, 3), n_rows=3, capacity=4)
     else:
-        x = jsrt.random_csr(rng, (5, 4), density=0.4, nse=10)
+        x = random_csr(rng, (5, 4), density=0.4, nse=10)
     dx = _np_dense(x)
     dy = dx.copy()  # equal to x but for a changed stored value, a new entry, a dropped one
     stored = np.argwhere(dx != 0)

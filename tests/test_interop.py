@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from draw import random_csr, random_rowsparse
 from jax.experimental import sparse as jsparse
 
 import jaxsparse_rows as jsr
@@ -40,11 +41,11 @@ def test_from_scipy_sums_duplicates_and_sorts():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 def test_to_scipy_roundtrip(dtype):
     rng = np.random.default_rng(0)
-    c = jsrt.random_csr(rng, (5, 4), density=0.4, nse=12, dtype=dtype)
+    c = random_csr(rng, (5, 4), density=0.4, nse=12, dtype=dtype)
     m = c.to_scipy()
     assert isinstance(m, sp.csr_matrix) and m.nnz == int(c.nnz)  # padding excluded
     np.testing.assert_array_equal(m.toarray(), np.asarray(c).astype(np.float32))
-    r = jsrt.random_rowsparse(rng, (6, 3), n_rows=2, capacity=4, dtype=dtype)
+    r = random_rowsparse(rng, (6, 3), n_rows=2, capacity=4, dtype=dtype)
     mr = jsr.to_scipy(r)
     np.testing.assert_array_equal(mr.toarray(), np.asarray(r).astype(np.float32))
     back = jsr.from_scipy(m)

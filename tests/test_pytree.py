@@ -9,18 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_csr, random_rowsparse
 
 import jaxsparse_rows as jsr
-from jaxsparse_rows import testing as jsrt
 
 
 def arrays(dtype=jnp.float32):
     rng = np.random.default_rng(0)
     return [
-        jsrt.random_rowsparse(rng, (6, 2), n_rows=2, capacity=3, dtype=dtype),
-        jsrt.random_rowsparse(rng, (4, 2, 3), n_rows=4, dtype=dtype),
+        random_rowsparse(rng, (6, 2), n_rows=2, capacity=3, dtype=dtype),
+        random_rowsparse(rng, (4, 2, 3), n_rows=4, dtype=dtype),
         jsr.zeros("row_sparse", (0, 2), dtype=dtype),
-        jsrt.random_csr(rng, (4, 5), density=0.4, nse=9, dtype=dtype),
+        random_csr(rng, (4, 5), density=0.4, nse=9, dtype=dtype),
         jsr.zeros("csr", (2, 3), dtype=dtype),
     ]
 

@@ -166,6 +166,50 @@ def test_errors():
         jsr.random.row_sparse(key, (10, 2), 0.5, capacity=2)
 
 
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda k: jsr.random.row_sparse(k, (5.7, 2), 0.5), TypeError, r"`shape` must be a tuple"),
+        (lambda k: jsr.random.row_sparse(k, (-1, 2), 0.5), ValueError, r"`shape` must be a tuple"),
+        (lambda k: jsr.random.row_sparse(k, (), 0.5), ValueError, r"`shape` must have at least"),
+        (
+            lambda k: jsr.random.row_sparse(k, (5, 2), 0.4, capacity=2.9),
+            TypeError,
+            r"`capacity` must be an int >= 0, got float 2.9",
+        ),
+        (lambda k: jsr.random.csr(k, (4.9, 4), 0.5), TypeError, r"`shape` must be a tuple"),
+        (lambda k: jsr.random.csr(k, (4, 4), -1), ValueError, r"`density` must lie in \[0, 1\]"),
+        (lambda k: jsr.random.csr(k, (4, 4), 0.5, nse=-1), ValueError, r"`nse` must be an int"),
+        (lambda k: jsr.random.csr(k, (4, 4), 0.5, nse=8.0), TypeError, r"`nse` .* got float 8.0"),
+        (lambda k: jsr.random.csr(k, (4, 4), 0.5, nse=True), TypeError, r"`nse` .* got bool True"),
+        (
+            lambda k: jsr.random.csr(k, (4, 4), 0.5, nse=7),
+            ValueError,
+            r"`nse` = 7 is smaller than the 8 entries",
+        ),
+    ],
+)
+def test_shape_and_capacity_errors_name_the_argument(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(jax.random.key(0))
+
+
+def test_csr_nse_pads_after_the_stored_entries():
+    """``nse`` slots past the ``round(density * M * K)`` entries are padding:
+    column id ``K``, zero data; the stored entries are those drawn without it."""
+    key = jax.random.key(3)
+    x = jsr.random.csr(key, (6, 5), 0.4, dtype=jnp.bfloat16, nse=17)
+    plain = jsr.random.csr(key, (6, 5), 0.4, dtype=jnp.bfloat16)
+    assert x.nse == 17 and int(x.nnz) == plain.nse == 12 and x.dtype == jnp.bfloat16
+    jsr.CSR(x.data, x.indices, x.indptr, x.shape)  # strict validation
+    np.testing.assert_array_equal(np.asarray(x.indices)[12:], 5)
+    assert not np.asarray(x.data, np.float32)[12:].any()
+    np.testing.assert_array_equal(x.indptr, plain.indptr)
+    np.testing.assert_array_equal(np.asarray(x.data)[:12], np.asarray(plain.data))
+    assert jsr.random.csr(key, (6, 5), 0.4, nse=12).nse == 12
+    assert jsr.random.csr(key, (0, 5), 0.4, nse=3).nse == 3
+
+
 @pytest.mark.parametrize("fn", [jsr.random.csr, jsr.random.row_sparse])
 @pytest.mark.parametrize(
     "kwargs,exc,match",

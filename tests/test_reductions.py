@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_csr, random_rowsparse
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
@@ -27,12 +28,10 @@ def make(kind, case, dtype=jnp.float32):
     rng = np.random.default_rng(0)
     if kind == "row_sparse":
         shape, n_rows, cap = case
-        return jsrt.random_rowsparse(rng, shape, n_rows=n_rows, capacity=cap, dtype=dtype)
+        return random_rowsparse(rng, shape, n_rows=n_rows, capacity=cap, dtype=dtype)
     shape, pad = case
-    base = jsrt.random_csr(np.random.default_rng(1), shape, density=0.5, dtype=dtype)
-    return jsrt.random_csr(
-        np.random.default_rng(1), shape, density=0.5, nse=base.nse + pad, dtype=dtype
-    )
+    base = random_csr(np.random.default_rng(1), shape, density=0.5, dtype=dtype)
+    return random_csr(np.random.default_rng(1), shape, density=0.5, nse=base.nse + pad, dtype=dtype)
 
 
 def _dense_of(x):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_rowsparse
 from hypothesis import given, settings
 from jax.experimental import checkify
 
@@ -49,9 +50,7 @@ def oracle(x: jsr.RowSparse) -> np.ndarray:
 @pytest.mark.parametrize("shape,n_rows,cap", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_todense_attributes(shape, n_rows, cap, dtype, jit_mode):
-    x = jsrt.random_rowsparse(
-        np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap, dtype=dtype
-    )
+    x = random_rowsparse(np.random.default_rng(1), shape, n_rows=n_rows, capacity=cap, dtype=dtype)
     dense, nnz = jit_mode(lambda x: (x.todense(), x.nnz_rows))(x)
     assert dense.dtype == dtype and dense.shape == shape
     np.testing.assert_array_equal(np.asarray(dense), oracle(x))
@@ -280,7 +279,7 @@ def test_fromdense_roundtrip_property(x):
 # -- conversions and copies -------------------------------------------------------
 @pytest.mark.parametrize("shape,n_rows,cap", SHAPES[:6])
 def test_numpy_conversion(shape, n_rows, cap):
-    x = jsrt.random_rowsparse(np.random.default_rng(2), shape, n_rows=n_rows, capacity=cap)
+    x = random_rowsparse(np.random.default_rng(2), shape, n_rows=n_rows, capacity=cap)
     a = np.asarray(x)
     np.testing.assert_array_equal(a, oracle(x))
     assert a.flags.writeable
@@ -296,7 +295,7 @@ def test_numpy_conversion(shape, n_rows, cap):
 @pytest.mark.parametrize("src", DTYPES)
 @pytest.mark.parametrize("dst", DTYPES + [jnp.int32])
 def test_astype(src, dst, jit_mode):
-    x = jsrt.random_rowsparse(np.random.default_rng(3), (5, 2), n_rows=2, capacity=3, dtype=src)
+    x = random_rowsparse(np.random.default_rng(3), (5, 2), n_rows=2, capacity=3, dtype=src)
     y = jit_mode(lambda x: x.astype(dst))(x)
     assert y.dtype == dst and y.shape == x.shape
     jsrt.assert_valid(y)
@@ -315,7 +314,7 @@ def test_copy_is_deep():
 
 @pytest.mark.parametrize("cap", [0, 2, 3, 6])
 def test_with_capacity(cap, jit_mode):
-    x = jsrt.random_rowsparse(np.random.default_rng(4), (6, 2), n_rows=2, capacity=3)
+    x = random_rowsparse(np.random.default_rng(4), (6, 2), n_rows=2, capacity=3)
     y = jit_mode(lambda x: x.with_capacity(cap))(x) if cap >= 2 else None
     if y is not None:
         assert y.capacity == cap

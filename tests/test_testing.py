@@ -1,4 +1,5 @@
-"""jsr.testing's own assertions: they must fail where the arrays differ."""
+"""jsr.testing: its assertions must fail where the arrays differ; its dense
+values; and the properties of the suite's own test data (tests/draw.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from draw import random_csr, random_rowsparse
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
@@ -73,51 +75,42 @@ def test_assert_allclose_checks_shape_and_validity():
         jsrt.assert_allclose(broken, [[0], [2], [0]])
 
 
-@pytest.mark.parametrize(
-    "call,exc,match",
-    [
-        # (5.7, 2) built 5 rows and capacity 2.9 gave 2
-        (lambda r: jsrt.random_rowsparse(r, (5.7, 2)), TypeError, r"`shape` must be a tuple of"),
-        (lambda r: jsrt.random_rowsparse(r, (-1, 2)), ValueError, r"`shape` must be a tuple of"),
-        (
-            lambda r: jsrt.random_rowsparse(r, ()),
-            ValueError,
-            r"`shape` must have at least 1 dimension",
-        ),
-        (
-            lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=2, capacity=2.9),
-            TypeError,
-            r"`capacity` must be an int >= 0, got float 2.9",
-        ),
-        (
-            lambda r: jsrt.random_rowsparse(r, (5, 2), n_rows=1.5),
-            TypeError,
-            r"`n_rows` must be an int >= 0, got float 1.5",
-        ),
-        (lambda r: jsrt.random_csr(r, (4.9, 4)), TypeError, r"`shape` must be a tuple of ints"),
-        (
-            lambda r: jsrt.random_csr(r, (2, 2, 2)),
-            ValueError,
-            r"`shape` must be 2-D, got \(2, 2, 2\)",
-        ),
-        (lambda r: jsrt.random_csr(r, (4, 4), density=-1), ValueError, r"`density` must lie"),
-        (lambda r: jsrt.random_csr(r, (4, 4), density=1.5), ValueError, r"`density` must lie"),
-        (lambda r: jsrt.random_csr(r, (4, 4), nse=-1), ValueError, r"`nse` must be an int >= 0"),
-        (lambda r: jsrt.random_csr(r, (4, 4), nse=2.5), TypeError, r"`nse` must be an int >= 0"),
-        (lambda r: jsrt.random_csr(r, (4, 4), nse=True), TypeError, r"`nse` .* got bool True"),
-        (lambda r: jsrt.random_dense(r, (2.5, 3)), TypeError, r"`shape` must be a tuple of ints"),
-    ],
-)
-def test_random_helpers_check_their_arguments(call, exc, match):
-    with pytest.raises(exc, match=match):
-        call(np.random.default_rng(0))
-
-
-@pytest.mark.parametrize("helper", [jsrt.random_rowsparse, jsrt.random_csr, jsrt.random_dense])
-def test_random_helpers_need_a_numpy_generator(helper):
+def test_random_dense_checks_its_arguments():
+    with pytest.raises(TypeError, match=r"`shape` must be a tuple of ints"):
+        jsrt.random_dense(np.random.default_rng(0), (2.5, 3))
     with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator.*PRNGKeyArray"):
-        helper(jax.random.key(0), (3, 2))
-    assert helper(np.random.default_rng(0), (3, 2)).shape == (3, 2)
+        jsrt.random_dense(jax.random.key(0), (3, 2))
+    assert jsrt.random_dense(np.random.default_rng(0), (3, 2)).shape == (3, 2)
+
+
+def _exact_non_zero(values):
+    """Non-zero multiples of 1/4 in [-8, 8]: exact in every dtype, so a
+    dense oracle computes them without rounding."""
+    v = np.asarray(values).astype(np.float64)
+    return bool(np.all((v != 0) & (v * 4 == np.round(v * 4)) & (np.abs(v) <= 8)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.int8, np.uint8, np.bool_])
+def test_test_data_is_canonical_with_exact_non_zero_values(dtype):
+    """The suite's test data (tests/draw.py): canonical arrays with the
+    requested rows and slots, stored values exact and non-zero, padding last
+    with zero data, a CSR thinned to fit a small ``nse``, and the same draws
+    from the same Generator."""
+    rng = np.random.default_rng(0)
+    x = random_rowsparse(rng, (7, 2), n_rows=3, capacity=5, dtype=dtype)
+    jsrt.assert_valid(x)
+    assert x.dtype == dtype and x.capacity == 5 and int(x.nnz_rows) == 3
+    assert _exact_non_zero(x.data[:3]) and not np.asarray(x.data[3:]).any()
+    c = random_csr(rng, (5, 6), density=0.5, nse=40, dtype=dtype)
+    jsrt.assert_valid(c)
+    nnz = int(c.nnz)
+    assert c.dtype == dtype and c.nse == 40 and 0 < nnz < 30 and _exact_non_zero(c.data[:nnz])
+    thin = random_csr(rng, (5, 6), density=1.0, nse=4, dtype=dtype)
+    jsrt.assert_valid(thin)
+    assert thin.nse == int(thin.nnz) == 4
+    again = random_rowsparse(np.random.default_rng(0), (7, 2), n_rows=3, capacity=5, dtype=dtype)
+    np.testing.assert_array_equal(np.asarray(again.indices), np.asarray(x.indices))
+    np.testing.assert_array_equal(np.asarray(again.data), np.asarray(x.data))
 
 
 def test_assert_valid_names_the_padding_slot_with_non_zero_data():
