@@ -9,7 +9,12 @@ A *lookup* of a table ``[V, D1..Dn]`` is one of
   gathers ``jax.vmap`` makes of them (flax's ``Embed`` layers call
   ``jnp.take(table, ids, axis=0)``, equinox's ``Embedding`` ``weight[x]``);
 - a ``dynamic_slice`` with slice sizes ``(1, D1..Dn)``: ``x[i]`` for a traced
-  scalar ``i``, ``lax.dynamic_index_in_dim(x, i)``.
+  scalar ``i``, ``lax.dynamic_index_in_dim(x, i)``;
+
+either of the table itself or of the table cast to another floating dtype
+(``convert_element_type``: flax's ``Embed(dtype=jnp.bfloat16)`` over a
+float32 table casts the table and then looks rows up). A cast whose every use
+is a lookup is not evaluated: the rewritten lookups cast the rows they read.
 
 :func:`find_lookups` walks a jaxpr and the programs nested in it (``jit``,
 ``closed_call``, ``checkpoint``, the branches of ``cond``, the body of
@@ -73,11 +78,14 @@ class Scope:
       lookups: lookup equations and their sites.
       calls: nested programs holding lookups: one scope for a call,
         ``checkpoint`` or ``scan``, one per branch for a ``cond``.
+      casts: the ``convert_element_type`` equations of a table whose result
+        is looked up (their output stands for the table, uncast).
       sites: every site of this scope and of those nested in it.
     """
 
     depth: int
     lookups: dict[int, Site] = dataclasses.field(default_factory=dict)
+    casts: set[int] = dataclasses.field(default_factory=set)
     calls: dict[int, tuple[Scope, ...]] = dataclasses.field(default_factory=dict)
     sites: list[Site] = dataclasses.field(default_factory=list)
 
@@ -135,6 +143,15 @@ def row_lookup_size(eqn: Any) -> int | None:
     if 0 not in dn.start_index_map or not set(dn.collapsed_slice_dims) <= {0}:
         return None
     return math.prod(eqn.invars[1].aval.shape[:-1])
+
+
+def _float_cast(eqn: Any) -> bool:
+    """Whether ``eqn`` (a ``convert_element_type``) casts a floating array to
+    another floating dtype."""
+    new = eqn.params["new_dtype"]
+    return jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.floating) and jnp.issubdtype(
+        new, jnp.floating
+    )
 
 
 def _where(containers: tuple[str, ...]) -> str:
@@ -213,6 +230,12 @@ class _Walk:
                 else:
                     detail = "not a lookup of whole rows along axis 0"
                     self._other(t, f"`{name}` ({detail}){_where(containers)}")
+        elif name == "convert_element_type" and _float_cast(eqn):
+            # The cast table stands for the table: its lookups are the table's.
+            (_, t), out = hits[0], eqn.outvars[0]
+            if _is_var(out) and type(out) is Var:
+                tables[out] = t
+                scope.casts.add(i)
         elif name in CALLS:
             body, _ = call_body(eqn)
             sub = self.scope(body, {body.invars[p]: t for p, t in hits}, lead, inner)

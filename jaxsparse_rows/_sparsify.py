@@ -242,8 +242,11 @@ def _evaluate(jaxpr, consts, args, scope, zs: dict, ids: dict) -> list[Any]:
         if i in scope.lookups:
             site = scope.lookups[i]
             rows_read, ids[site.number] = _row_ids(eqn, invals)
-            rows = _read_rows(eqn, invals[0], rows_read)
+            # (a cast table is the table uncast: the rows read are cast)
+            rows = _read_rows(eqn, invals[0], rows_read).astype(site.dtype)
             outs = [_to_output(eqn, rows + zs[site.number].astype(rows.dtype))]
+        elif i in scope.casts:
+            outs = invals[:1]  # looked up only: no cast of the whole table
         elif i in scope.calls:
             outs = _nested(eqn, invals, scope.calls[i], zs, ids)
         else:

@@ -8,6 +8,8 @@ update state in their forward pass (``nnx.Dropout``, ``nnx.BatchNorm``); no
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ import optax
 import pytest
 from click_batches import B, D, L, V
 from click_batches import batches as make_batches
-from jaxpr_walk import big_values
+from jaxpr_walk import all_eqns, big_values
 
 import jaxsparse_rows as jsr
 
@@ -264,3 +266,39 @@ def test_a_gradient_model_prints():
     model = nnx.Embed(5, 2, rngs=nnx.Rngs(0))
     grads = jsr.grad(lambda m: jnp.sum(m(jnp.array([1, 3]))), sparse="auto")(model)
     assert "RowSparse(float32[5, 2]," in repr(grads)
+
+
+class MixedPrecisionModel(nnx.Module):
+    """A float32 table computed in bfloat16 (``Embed(dtype=...)`` casts the
+    table, then looks rows up)."""
+
+    def __init__(self, num_items: int, features: int, *, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(
+            num_items, features, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=rngs
+        )
+        self.linear = nnx.Linear(features, 1, rngs=rngs)
+
+    def __call__(self, ids):
+        return self.linear(self.embed(ids).astype(jnp.float32).sum(axis=1))[:, 0]
+
+
+def test_a_bfloat16_embed_over_a_float32_table_gets_a_float32_rowsparse_gradient():
+    model = MixedPrecisionModel(V, D, rngs=nnx.Rngs(0))
+    ids, y = make_batches(1)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dense fallback
+        grads = jsr.grad(lambda m: loss_fn(m, ids, y)[0], sparse="auto")(model)
+    dense = nnx.grad(lambda m: loss_fn(m, ids, y)[0])(model)
+    g = grads.embed.embedding.get_value()
+    assert isinstance(g, jsr.RowSparse) and g.dtype == jnp.float32 and g.capacity == B * L
+    want = dense["embed"]["embedding"][...]
+    np.testing.assert_allclose(g.todense(), want, rtol=2e-2, atol=1e-2 * float(abs(want).max()))
+
+    def table_sized(grad):
+        jaxpr = jax.make_jaxpr(lambda m: grad(lambda m: loss_fn(m, ids, y)[0])(m))(model)
+        return {
+            e.primitive.name for e in all_eqns(jaxpr) for o in e.outvars if o.aval.shape == (V, D)
+        }
+
+    assert "convert_element_type" in table_sized(nnx.grad)  # the dense path casts the table
+    assert table_sized(lambda f: jsr.grad(f, sparse="auto")) == set()

@@ -563,3 +563,53 @@ def test_auto_step_equals_the_hand_written_step_under_jit_with_donation(make_opt
         results.append(params)
     for name in ("emb", "w"):
         np.testing.assert_allclose(results[0][name], results[1][name], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------- tables cast before their lookups
+
+
+def _scan_over_cast(t, i):
+    e = t.astype(jnp.bfloat16)
+    return jax.lax.scan(lambda c, x: (c + _reduce(e[x]), None), 0.0, i.reshape(4, 2))[0]
+
+
+CAST_PATTERNS = {
+    # flax's Embed(dtype=jnp.bfloat16) over a float32 table: cast, then take
+    "take": (lambda t, i: _reduce(jnp.take(t.astype(jnp.bfloat16), i, axis=0)), 8),
+    "in_jit": (lambda t, i: jax.jit(lambda e, i: _reduce(e[i]))(t.astype(jnp.float16), i), 8),
+    "and_uncast": (lambda t, i: _reduce(t.astype(jnp.bfloat16)[i]) + _reduce(t[i[:3]]), 11),
+    "scan": (_scan_over_cast, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAST_PATTERNS))
+def test_a_table_cast_to_another_float_dtype_then_looked_up(name, jit_mode):
+    """The cast is not evaluated: the rows read are cast, and the gradient is a
+    RowSparse of the table's dtype equal to the dense one (repeats summed in
+    float32, so to the cast dtype's rounding)."""
+    loss, n_ids = CAST_PATTERNS[name]
+    table, ids = _table((V, D)), jnp.asarray(IDS)
+    value, g = jit_mode(jsr.value_and_grad(loss, sparse="auto"))(table, ids)
+    dense_value, dense = jit_mode(jax.value_and_grad(loss))(table, ids)
+    assert isinstance(g, jsr.RowSparse) and g.dtype == jnp.float32
+    _assert_canonical(g, n_ids)
+    _assert_matches(g, dense, jnp.bfloat16)
+    np.testing.assert_allclose(value, dense_value, rtol=1e-6)
+    big = jax.ShapeDtypeStruct((10**8, 16), jnp.float32)
+    jaxpr = jax.make_jaxpr(jsr.grad(loss, sparse="auto"))(
+        big, jax.ShapeDtypeStruct((8,), jnp.int32)
+    )
+    assert big_values(jaxpr, 10**8) == []
+
+
+def test_a_cast_table_used_otherwise_keeps_the_dense_gradient():
+    def loss(t, i):
+        e = t.astype(jnp.bfloat16)
+        return _reduce(e[i]) + jnp.sum(e).astype(jnp.float32)
+
+    table, ids = _table((V, D)), jnp.asarray(IDS % V)
+    g = jsr.grad(loss, sparse="auto")(table, ids)
+    assert isinstance(g, jax.Array)
+    np.testing.assert_allclose(g, jax.grad(loss)(table, ids), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"`t`.*reduce_sum"):
+        jsr.grad(loss, sparse=True)(table, ids)
