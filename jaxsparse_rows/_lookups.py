@@ -36,6 +36,8 @@ from typing import Any
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
+from ._vma import varying_axes
+
 # Programs whose body is evaluated once, in place, with the equation's inputs.
 CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
 REMATS = frozenset({"remat", "remat2", "checkpoint"})
@@ -53,6 +55,8 @@ class Site:
       n_rows: ``V``, the table's row count.
       row_shape: ``(D1..Dn)`` of the table.
       dtype: the table's dtype.
+      varying: the manual mesh axes its result varies over (inside
+        ``jax.shard_map``; empty elsewhere).
     """
 
     number: int
@@ -62,6 +66,7 @@ class Site:
     n_rows: int
     row_shape: tuple[int, ...]
     dtype: Any
+    varying: frozenset = frozenset()
 
     @property
     def total(self) -> int:
@@ -98,9 +103,11 @@ class Findings:
     other_uses: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     blocked: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
-    def site(self, table: int, lead: tuple[int, ...], n: int, aval: Any) -> Site:
+    def site(
+        self, table: int, lead: tuple[int, ...], n: int, aval: Any, varying: frozenset = frozenset()
+    ) -> Site:
         shape = tuple(aval.shape)
-        s = Site(len(self.sites), table, lead, n, shape[0], shape[1:], aval.dtype)
+        s = Site(len(self.sites), table, lead, n, shape[0], shape[1:], aval.dtype, varying)
         self.sites.append(s)
         return s
 
@@ -224,7 +231,8 @@ class _Walk:
             n = row_lookup_size(eqn)
             for p, t in hits:
                 if p == 0 and n is not None:
-                    site = self.findings.site(t, lead, n, eqn.invars[0].aval)
+                    out = eqn.outvars[0].aval
+                    site = self.findings.site(t, lead, n, eqn.invars[0].aval, varying_axes(out))
                     scope.lookups[i] = site
                     scope.sites.append(site)
                 else:

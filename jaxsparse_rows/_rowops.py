@@ -15,17 +15,18 @@ operation                     meaning
 
 ``gather_rows`` and ``sum_rows`` are a pair of linear calls of the library's
 one dispatch primitive (``_kernel_call.on_cpu``), each the other's transpose,
-so ``grad``, ``vjp``, ``jvp``, ``linear_transpose`` and ``vmap`` all go through
-them. On CPU, in a program for one device (or a ``shard_map`` body), where
-the native kernels are available and take the operands (``_native``:
-``rows.cc``, ``ids.cc``), each operation lowers to its kernel; everywhere else, for a program lowered for
-``jax.export``, and for operands sharded over explicit mesh axes, it runs the
-XLA reference (``gather_rows_xla``, ``sum_rows_xla``, ``scatter_rows_xla``,
-``_unique_with_slots_xla``, ``_slots_xla``), which the kernels are tested
-against. The choice is made per platform when a program is lowered, so one
-traced function lowers to the kernels on CPU and to XLA on GPU with no branch
-left in either. Ids are 1-D unless said otherwise; ids outside ``[0, N)``
-(negative ones too) read zero rows and are dropped from sums and scatters.
+so ``grad``, ``vjp``, ``jvp``, ``linear_transpose`` and ``vmap`` all go
+through them. On CPU, in a program for one device (or a ``shard_map`` body),
+where the native kernels are available and take the operands (``_native``:
+``rows.cc``, ``ids.cc``), each operation lowers to its kernel; everywhere
+else, for a program lowered for ``jax.export``, and for operands sharded over
+explicit mesh axes, it runs the XLA reference (``gather_rows_xla``,
+``sum_rows_xla``, ``scatter_rows_xla``, ``_unique_with_slots_xla``,
+``_slots_xla``), which the kernels are tested against. The choice is made per
+platform when a program is lowered, so one traced function lowers to the
+kernels on CPU and to XLA on GPU with no branch left in either. Ids are 1-D
+unless said otherwise; ids outside ``[0, N)`` (negative ones too) read zero
+rows and are dropped from sums and scatters.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from jax.extend.core import Literal, Var
 from . import _dtypes, _lookups, _rowops
 from ._config import StorageFallbackWarning
 from ._rowsparse import RowSparse
+from ._vma import vary_over
 
 _LOOKUPS = "`x[ids]`, `jnp.take(x, ids, axis=0)` or `x.at[ids].get()`"
 
@@ -380,7 +381,13 @@ def value_and_grad_flat(
     scope = _lookups.plan(closed.jaxpr, {invars[i]: i for i in accepted})
     dense_at = [i for i in range(len(primals)) if i not in accepted]
     tables = {i: jnp.asarray(primals[i]) for i in accepted}
-    zs = {s.number: jnp.zeros((*s.lead, s.n, *s.row_shape), s.dtype) for s in scope.sites}
+    # Inside `shard_map` each z varies as its lookup's rows do: an invariant z
+    # added to varying rows would be cast to varying, and the transpose of that
+    # cast sums the cotangents of every device into each one.
+    zs = {
+        s.number: vary_over(jnp.zeros((*s.lead, s.n, *s.row_shape), s.dtype), s.varying)
+        for s in scope.sites
+    }
 
     def rewritten(dense, zs):
         args = list(primals)

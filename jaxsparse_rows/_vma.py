@@ -29,11 +29,19 @@ def varying_axes(x: Any) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
-def _pvary(x: Any, axes: tuple) -> Any:
+def pvary(x: Any, axes: tuple) -> Any:
+    """``x`` cast to vary over the manual mesh ``axes`` too (a no-op on the
+    values; its transpose sums the cotangent over them)."""
     pcast = getattr(jax.lax, "pcast", None)
     if pcast is not None:
         return pcast(x, axes, to="varying")
     return jax.lax.pvary(x, axes)  # (JAX releases before ``pcast``)
+
+
+def vary_over(x: Any, axes: Any) -> Any:
+    """``x`` cast to vary over ``axes`` as well (a no-op where it already does)."""
+    extra = tuple(sorted(frozenset(axes) - varying_axes(x), key=str))
+    return pvary(x, extra) if extra else x
 
 
 def match_varying(*xs: Any) -> tuple:
@@ -44,7 +52,7 @@ def match_varying(*xs: Any) -> tuple:
     if not union:
         return xs
     return tuple(
-        _pvary(x, tuple(sorted(union - a))) if union - a else x
+        pvary(x, tuple(sorted(union - a))) if union - a else x
         for x, a in zip(xs, axes, strict=True)
     )
 

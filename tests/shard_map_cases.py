@@ -141,8 +141,27 @@ def lookup_cases():
 
         return fn
 
+    def auto_sparse(t, ids):
+        # jsr.grad(sparse="auto") of jnp.take on the shard: a RowSparse of the
+        # shard's rows whose cotangents are this device's own.
+        lid = _local_ids(ids, t.shape[0])
+        w = _loss_weights((ids.shape[0], D))
+
+        def loss(t):
+            return jnp.sum(
+                jax.lax.psum(jnp.take(t, lid, axis=0, mode="fill", fill_value=0), "x") * w
+            )
+
+        return jsr.grad(loss, sparse="auto")(t).todense()
+
+    def auto_sparse_oracle(t, ids):
+        lid = _local_ids(ids, t.shape[0])
+        w = _loss_weights((ids.shape[0], D))
+        return jax.grad(lambda t: jnp.sum(jax.lax.psum(_dense_take(t, lid), "x") * w))(t)
+
     return {
         "take_dense": (take_dense(jsr.take), take_dense(_dense_take)),
+        "take_auto_sparse": (auto_sparse, auto_sparse_oracle),
         "take_view": (take_view, take_view_oracle),
         "embedding_bag_sum_dense": (bag("sum", False), bag_oracle("sum")),
         "embedding_bag_mean_dense": (bag("mean", False), bag_oracle("mean")),

@@ -27,6 +27,7 @@ LOOKUPS = (
     "embedding_bag_mean_view",
     "jvp_take",
     "take_invariant_table",
+    "take_auto_sparse",
 )
 DOTS = tuple(
     f"dot_{kind}_{v}_csr"
