@@ -69,6 +69,8 @@ from ._rows import retain as retain
 from ._rows import take as take
 from ._rowsparse import RowSparse as RowSparse
 from ._rowsparse import row_sparse_array as row_sparse_array
+from ._sharded import sharded_embedding_bag as sharded_embedding_bag
+from ._sharded import sharded_take as sharded_take
 from ._storage import apply_dense as apply_dense
 from ._storage import cast_storage as cast_storage
 from ._storage import is_sparse as is_sparse
@@ -124,6 +126,8 @@ __all__ = [
     "row_sparse_array",
     "set_native_kernels",
     "set_verbose",
+    "sharded_embedding_bag",
+    "sharded_take",
     "sign",
     "sin",
     "sinh",

@@ -18,6 +18,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
 # Examples of a framework in the test extra: skipped where it is not installed.
 REQUIRES = {"flax_recommender": "flax", "equinox_text_classifier": "equinox"}
+# Arguments of a smoke run beyond --smoke.
+SMOKE_ARGS = {"sharded_embedding": ("--host-devices", "4")}
 
 
 def _run(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -37,7 +39,9 @@ def smoke_runs():
     """All smoke runs at once (subprocesses overlap their start-up and compiles)."""
     runnable = [n for n in NAMES if n not in REQUIRES or importlib.util.find_spec(REQUIRES[n])]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(_run, name, "--smoke") for name in runnable}
+        futures = {
+            name: pool.submit(_run, name, "--smoke", *SMOKE_ARGS.get(name, ())) for name in runnable
+        }
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -50,6 +54,7 @@ def test_all_examples_are_listed():
         "svrg_linear_regression",
         "flax_recommender",
         "equinox_text_classifier",
+        "sharded_embedding",
     }
 
 
@@ -75,6 +80,8 @@ def test_smoke_outputs_are_meaningful(smoke_runs):
     assert "SGD MSE" in out and "SVRG MSE" in out
     out = smoke_runs["linear_classification"].stdout
     assert "Epoch 1, loss = " in out and "accuracy = " in out
+    out = smoke_runs["sharded_embedding"].stdout
+    assert "in 4 shards of 1024 rows" in out and "table still sharded by rows: True" in out
     for name in REQUIRES:
         if name in smoke_runs:
             assert re.search(r"loss [0-9.]+ -> [0-9.]+; held-out accuracy", smoke_runs[name].stdout)
