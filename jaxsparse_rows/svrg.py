@@ -17,11 +17,28 @@ real rows; its leaves may be dense or RowSparse (e.g. from
 :func:`jsr.pull_rows <jaxsparse_rows.pull_rows>`). RowSparse leaves must be
 canonical (sorted unique indices, padding last), as every library op returns
 them: the corrections scatter at those indices as unique.
+
+Data-parallel training (several devices or hosts) takes either of two forms:
+
+- ``jax.jit`` over global arrays: batches whose leading (row) axis is
+  sharded over the devices, and a ``grad_fn`` that returns the mean over the
+  whole global batch. Nothing changes here: XLA sums each batch's gradient
+  over the devices, and :func:`full_gradient`, :func:`make_step` and
+  :func:`fit` give what one device gives.
+- Inside ``jax.shard_map`` (or ``jax.pmap``), with ``axis_name``: each device
+  runs the functions on its own batches with ``params`` replicated, and
+  ``grad_fn`` returns the mean over the device's rows. :func:`full_gradient`
+  sums every device's gradients and row counts locally and reduces them once
+  (a ``psum`` over ``axis_name``), as MXNet's ``SVRGModule`` accumulates the
+  full gradient on each device and sums it through its kvstore;
+  :func:`corrected_gradient` and :func:`make_step` reduce each step's
+  correction the same way. Every device gets the mean over all devices' rows.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -30,8 +47,10 @@ import jax.numpy as jnp
 import optax
 
 from ._args import check_static_int
-from ._rowops import coalesce_rows, gather_rows, scatter_rows
+from ._rowops import coalesce_rows, gather_rows, scatter_rows, sum_rows
 from ._rowsparse import RowSparse
+from ._vma import pvary, varying_axes
+from .io import Batch
 from .optim import apply_updates
 from .optim._tree import check_dense_params
 
@@ -78,7 +97,7 @@ def _check_reiterable(batches: Any) -> None:
             f"epoch, but got a one-shot iterator ({type(batches).__name__}), which the "
             "first pass would use up. Pass `list(batches)` or the iterable it came from."
         )
-    if not isinstance(batches, Iterable):
+    if not isinstance(batches, Iterable) or isinstance(batches, Batch):
         raise TypeError(
             "`batches` must be a re-iterable of batches (a list, a tuple, a "
             f"`jsr.io.CSRIter`, ...), got {type(batches).__name__}."
@@ -143,6 +162,57 @@ class SVRGState(NamedTuple):
     opt_state: Any
 
 
+# -- devices ---------------------------------------------------------------------
+def _axes(axis_name: Any) -> tuple | None:
+    """``axis_name`` as a tuple of mapped axis names (``None``: no axis),
+    each of which must be bound where the function runs."""
+    if axis_name is None:
+        return None
+    axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    if not axes:
+        raise ValueError("`axis_name` must be None, a mesh axis name or a non-empty tuple of them.")
+    for axis in axes:
+        try:
+            jax.lax.axis_size(axis)
+        except NameError:
+            raise ValueError(
+                f"`axis_name={axis_name!r}`: no mapped axis {axis!r} is bound here. With "
+                "`axis_name`, call this inside `jax.shard_map` (or `jax.pmap`) over that axis, "
+                "each device with its own batches; on one device, or under `jax.jit` with "
+                "batch-sharded global arrays, leave it None."
+            ) from None
+    return axes
+
+
+def _device_view(tree: Any, axes: tuple | None) -> Any:
+    """``tree`` cast to vary over ``axes`` (a no-op cast): the gradient of a
+    varying value is the device's own, where that of an invariant one comes
+    back summed over the devices (JAX's transpose of the implicit cast), with
+    no weight for the device's row count."""
+    if axes is None:
+        return tree
+
+    def leaf(x):
+        missing = tuple(a for a in axes if a not in varying_axes(x))
+        return pvary(x, missing) if missing else x
+
+    return jax.tree.map(leaf, tree)
+
+
+def _device_slots(x: jax.Array, axes: tuple) -> jax.Array:
+    """``[devices, *x.shape]``: every device's ``x`` (an all-gather written as
+    a ``psum`` of one-hot slots, whose result is invariant over ``axes``)."""
+    size = math.prod(jax.lax.axis_size(a) for a in axes)
+    slots = jnp.zeros((size,) + x.shape, x.dtype).at[jax.lax.axis_index(axes)].set(x)
+    return jax.lax.psum(slots, axes)
+
+
+def _weighted(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """``weight * x``, zero where the weight is zero (a batch with no real
+    rows, whose mean gradient may be 0 / 0)."""
+    return jnp.where(weight > 0, weight * x, jnp.zeros((), x.dtype))
+
+
 # -- the full gradient -----------------------------------------------------------
 def _zeros_for(g: Any) -> jax.Array:
     """A dense accumulator for ``g``, at least float32 (bf16 sums drift)."""
@@ -150,17 +220,28 @@ def _zeros_for(g: Any) -> jax.Array:
     return jnp.zeros(g.shape, dtype)
 
 
+def _add_leaf(a: jax.Array, g: Any, weight: jax.Array) -> jax.Array:
+    if _is_rsp(g):
+        rows = _weighted(g.data, weight).astype(a.dtype)
+        return scatter_rows(a, g.indices, rows, add=True)
+    return a + _weighted(g, weight).astype(a.dtype)
+
+
 @functools.partial(jax.jit, donate_argnums=(0,))
-def _accumulate(acc: Any, grads: Any, weight: jax.Array) -> Any:
-    """``acc += weight * grads`` leaf by leaf; RowSparse rows are scatter-added."""
+def _accumulate(carry: tuple, grads: Any, weight: jax.Array) -> tuple:
+    """``(acc + weight * grads, total + weight)``, leaf by leaf; RowSparse
+    rows are scatter-added."""
+    acc, total = carry
+    acc = jax.tree.map(lambda a, g: _add_leaf(a, g, weight), acc, grads, is_leaf=_is_rsp)
+    return acc, total + weight
 
-    def leaf(a, g):
-        if _is_rsp(g):
-            rows = (weight * g.data).astype(a.dtype)
-            return scatter_rows(a, g.indices, rows, add=True)
-        return a + (weight * g).astype(a.dtype)
 
-    return jax.tree.map(leaf, acc, grads, is_leaf=_is_rsp)
+@jax.jit
+def _start(grads: Any, weight: jax.Array) -> tuple:
+    """The first batch's ``(weight * grads, weight)``, its accumulators built
+    inside ``jit`` (they follow the gradients' sharding)."""
+    acc = jax.tree.map(_zeros_for, grads, is_leaf=_is_rsp)
+    return _accumulate((acc, jnp.zeros((), jnp.float32)), grads, weight)
 
 
 def _batch_weight(batch: Any) -> jax.Array:
@@ -168,28 +249,66 @@ def _batch_weight(batch: Any) -> jax.Array:
     return jnp.asarray(1.0 if count is None else count, jnp.float32)
 
 
-def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
+def _is_stacked(batches: Any) -> bool:
+    """A :class:`jsr.io.Batch <jaxsparse_rows.io.Batch>` from ``stack_batches``."""
+    return isinstance(batches, Batch) and jnp.ndim(batches.num_rows) == 1
+
+
+def _sums(gfn: GradFn, params: Any, batches: Any) -> tuple | None:
+    """``(sum of weight * gradient, sum of weight)`` over the batches (None
+    for no batch); a stacked epoch is scanned with ``lax.scan``."""
+    if not _is_stacked(batches):
+        carry = None
+        for batch in batches:
+            grads, weight = gfn(params, batch), _batch_weight(batch)
+            carry = _start(grads, weight) if carry is None else _accumulate(carry, grads, weight)
+        return carry
+    first = jax.tree.map(lambda a: a[0], batches)
+    rest = jax.tree.map(lambda a: a[1:], batches)
+
+    def body(carry, batch):
+        return _accumulate(carry, gfn(params, batch), _batch_weight(batch)), None
+
+    return jax.lax.scan(body, _start(gfn(params, first), _batch_weight(first)), rest)[0]
+
+
+def full_gradient(
+    grad_fn: GradFn, params: Any, batches: Iterable[Any], *, axis_name: Any = None
+) -> Any:
     """The mean gradient over all batches at ``params`` (``mu`` of SVRG).
 
     Batches with a ``num_rows`` attribute (:class:`jsr.io.Batch
     <jaxsparse_rows.io.Batch>`) are weighted by it, so a padded last batch
-    counts for the rows it holds; other batches count equally. RowSparse
-    gradients are scatter-added into one dense accumulator per leaf (the only
-    densification), inside a jitted, donated update.
+    counts for the rows it holds (a batch without rows counts for nothing);
+    other batches count equally. RowSparse gradients are scatter-added into
+    one dense accumulator per leaf (the only densification), inside a jitted,
+    donated update.
 
     Args:
       grad_fn: ``grad_fn(params, batch)`` -> mean gradient over the batch.
       params: where to evaluate.
-      batches: an iterable of batches (one pass is made). A :mod:`jsr.io
-        <jaxsparse_rows.io>` iterator with ``last_batch="roll_over"`` is
-        refused: its passes are not the data once.
+      batches: an iterable of batches (one pass is made), or one
+        :class:`jsr.io.Batch <jaxsparse_rows.io.Batch>` stacked by
+        :func:`jsr.io.stack_batches <jaxsparse_rows.io.stack_batches>`, whose
+        batches are scanned by ``jax.lax.scan`` (one program, also inside
+        ``jit`` and ``shard_map``). A :mod:`jsr.io <jaxsparse_rows.io>`
+        iterator with ``last_batch="roll_over"`` is refused: its passes are
+        not the data once.
+      axis_name: ``None`` (default), or the mesh axis name (or tuple of
+        names) of a ``jax.shard_map`` / ``jax.pmap`` this is called inside,
+        with ``params`` replicated over it and each device iterating its own
+        ``batches``: each device sums its weighted gradients and row counts,
+        and one ``psum`` of both over the axis gives every device the mean
+        over all devices' rows. Under ``jax.jit`` with batch-sharded global
+        arrays, leave it ``None``: ``grad_fn`` already returns the mean over
+        the global batch.
 
     Returns:
       A pytree like the gradients with dense leaves.
 
     Raises:
       ValueError: ``batches`` yields no batch, or is an iterator with
-        ``last_batch="roll_over"``.
+        ``last_batch="roll_over"``; ``axis_name`` names no axis bound here.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
@@ -197,20 +316,41 @@ def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
       >>> batches = [(jnp.array([1., 2.]), jnp.zeros(2)), (jnp.array([3.]), jnp.zeros(1))]
       >>> jsr.svrg.full_gradient(grad_fn, 1.0, batches)  # mean of 5. and 18.
       Array(11.5, dtype=float32)
+
+      Inside ``shard_map`` each device passes its own batches, and every
+      device gets the mean over all of them (here a mesh of one device):
+
+      >>> from jax.sharding import AxisType, PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Auto,))
+      >>> @jax.jit
+      ... @jax.shard_map(mesh=mesh, in_specs=(P(), P("x")), out_specs=P())
+      ... def mu(w, batch):
+      ...     return jsr.svrg.full_gradient(grad_fn, w, [batch], axis_name="x")
+      >>> mu(jnp.float32(1.0), (jnp.array([1., 2.]), jnp.zeros(2)))
+      Array(5., dtype=float32)
     """
     _check_whole_passes(batches)
+    if isinstance(batches, Batch) and not _is_stacked(batches):
+        raise TypeError(
+            "`batches` is one `jsr.io.Batch`: pass an iterable of batches (`[batch]` for one) "
+            "or an epoch stacked by `jsr.io.stack_batches`."
+        )
+    axes = _axes(axis_name)
     gfn = grad_fn if hasattr(grad_fn, "lower") else jax.jit(grad_fn)  # jit once
-    acc, total, dtypes = None, jnp.zeros((), jnp.float32), None
-    for batch in batches:
-        grads = gfn(params, batch)
-        if acc is None:
-            acc = jax.tree.map(_zeros_for, grads, is_leaf=_is_rsp)
-            dtypes = jax.tree.map(lambda g: g.dtype, grads, is_leaf=_is_rsp)
-        weight = _batch_weight(batch)
-        acc = _accumulate(acc, grads, weight)
-        total = total + weight
-    if acc is None:
+    dtypes = None
+
+    def local_grad(params, batch):
+        nonlocal dtypes
+        grads = gfn(_device_view(params, axes), batch)
+        dtypes = jax.tree.map(lambda g: g.dtype, grads, is_leaf=_is_rsp)
+        return grads
+
+    sums = _sums(local_grad, params, batches)
+    if sums is None:
         raise ValueError("`batches` yielded no batch: the full gradient needs at least one.")
+    acc, total = sums
+    if axes is not None:
+        acc, total = jax.lax.psum((acc, total), axes)
     return jax.tree.map(lambda a, dt: (a / total).astype(dt), acc, dtypes)
 
 
@@ -218,12 +358,7 @@ def full_gradient(grad_fn: GradFn, params: Any, batches: Iterable[Any]) -> Any:
 def _correct_leaf(gw: Any, gs: Any, mu: jax.Array, lazy: bool) -> Any:
     if not _is_rsp(gw) and not _is_rsp(gs):
         return (gw - gs + mu).astype(jnp.result_type(gw))
-    if _is_rsp(gw) != _is_rsp(gs):
-        raise TypeError(
-            "`grad_fn` returned a RowSparse gradient at one point and a dense one at the other "
-            "for the same parameter; it must return the same storage at `params` and at the "
-            "snapshot."
-        )
+    _check_same_storage(gw, gs)
     dtype = gw.dtype
     if not lazy:
         out = scatter_rows(mu.astype(dtype), gw.indices, gw.data, add=True)
@@ -236,6 +371,38 @@ def _correct_leaf(gw: Any, gs: Any, mu: jax.Array, lazy: bool) -> Any:
     return RowSparse._make(diff + rows, idx, gw.shape)
 
 
+def _check_same_storage(gw: Any, gs: Any) -> None:
+    if _is_rsp(gw) != _is_rsp(gs):
+        raise TypeError(
+            "`grad_fn` returned a RowSparse gradient at one point and a dense one at the other "
+            "for the same parameter; it must return the same storage at `params` and at the "
+            "snapshot."
+        )
+
+
+def _correct_leaf_across(
+    gw: Any, gs: Any, mu: jax.Array, lazy: bool, weight: jax.Array, axes: tuple
+) -> Any:
+    """:func:`_correct_leaf` over the devices of ``axes``: the device-weighted
+    mean of ``gw - gs`` (one ``psum``) plus ``mu``."""
+    total = jax.lax.psum(weight, axes)
+    if not _is_rsp(gw) and not _is_rsp(gs):
+        diff = jax.lax.psum(_weighted(gw - gs, weight), axes)
+        return (diff / total + mu).astype(jnp.result_type(gw))
+    _check_same_storage(gw, gs)
+    dtype, n = gw.dtype, gw.shape[0]
+    ids = jnp.concatenate([gw.indices, gs.indices])
+    data = _weighted(jnp.concatenate([gw.data, -gs.data.astype(dtype)]), weight)
+    if not lazy:
+        diff = jax.lax.psum(sum_rows(data, ids, n), axes)
+        return (diff / total + mu).astype(dtype)
+    ids, data = _device_slots(ids, axes), _device_slots(data, axes)
+    ids, data = ids.reshape(-1), data.reshape((-1,) + data.shape[2:])
+    idx, diff, _ = coalesce_rows(ids, data, n, ids.shape[0])
+    rows = gather_rows(mu, idx, ids_sorted=True)
+    return RowSparse._make((diff / total + rows).astype(dtype), idx, gw.shape)
+
+
 def corrected_gradient(
     grad_fn: GradFn,
     params: Any,
@@ -243,6 +410,8 @@ def corrected_gradient(
     full_grad: Any,
     batch: Any,
     lazy: bool = False,
+    *,
+    axis_name: Any = None,
 ) -> Any:
     """SVRG's gradient for one batch: ``grad(w) - grad(w~) + mu``.
 
@@ -260,13 +429,22 @@ def corrected_gradient(
         RowSparse holding the correction on the batch's rows only (the union
         of both gradients' rows), for lazy optimizers; ``mu`` is then not
         applied to the other rows.
+      axis_name: ``None`` (default), or the mesh axis name (or names) of a
+        ``jax.shard_map`` / ``jax.pmap`` this is called inside, each device
+        with its own ``batch`` and replicated ``params``, ``snapshot`` and
+        ``full_grad``: the correction ``grad(w) - grad(w~)`` is averaged over
+        all devices' rows (each device weighted by its ``num_rows``, one
+        ``psum``), so every device gets the gradient of the global batch. A
+        lazy RowSparse result then holds the rows of every device's batch
+        (its capacity is the devices' combined).
 
     Returns:
       The corrected gradient (dense leaves, or RowSparse with ``lazy=True``).
 
     Raises:
       ValueError: if ``full_grad`` does not have the tree structure and leaf
-        shapes of ``params`` (checked when tracing: a jitted step pays nothing).
+        shapes of ``params`` (checked when tracing: a jitted step pays
+        nothing), or ``axis_name`` names no axis bound here.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxsparse_rows as jsr
@@ -276,10 +454,20 @@ def corrected_gradient(
       Array(10.5, dtype=float32)
     """
     _check_full_grad(params, full_grad)
-    gw = grad_fn(params, batch)
-    gs = grad_fn(snapshot, batch)
+    axes = _axes(axis_name)
+    gw = grad_fn(_device_view(params, axes), batch)
+    gs = grad_fn(_device_view(snapshot, axes), batch)
+    if axes is None:
+        return jax.tree.map(
+            lambda a, b, m: _correct_leaf(a, b, m, lazy), gw, gs, full_grad, is_leaf=_is_rsp
+        )
+    weight = _batch_weight(batch)
     return jax.tree.map(
-        lambda a, b, m: _correct_leaf(a, b, m, lazy), gw, gs, full_grad, is_leaf=_is_rsp
+        lambda a, b, m: _correct_leaf_across(a, b, m, lazy, weight, axes),
+        gw,
+        gs,
+        full_grad,
+        is_leaf=_is_rsp,
     )
 
 
@@ -289,9 +477,16 @@ def _copy(tree: Any) -> Any:
 
 
 def take_snapshot(
-    state: SVRGState, params: Any, grad_fn: GradFn, batches: Iterable[Any]
+    state: SVRGState,
+    params: Any,
+    grad_fn: GradFn,
+    batches: Iterable[Any],
+    *,
+    axis_name: Any = None,
 ) -> SVRGState:
-    """A state whose snapshot is (a copy of) ``params`` and ``mu`` its full gradient.
+    """A state whose snapshot is (a copy of) ``params`` and ``mu`` its full
+    gradient (:func:`full_gradient`, with ``batches`` and ``axis_name`` as
+    there).
 
     Example:
       >>> import jax, jax.numpy as jnp, optax, jaxsparse_rows as jsr
@@ -301,7 +496,7 @@ def take_snapshot(
       >>> state.snapshot, state.full_grad
       (Array(1., dtype=float32), Array(-4., dtype=float32))
     """
-    mu = full_gradient(grad_fn, params, batches)
+    mu = full_gradient(grad_fn, params, batches, axis_name=axis_name)
     return state._replace(snapshot=_copy(params), full_grad=mu)
 
 
@@ -325,7 +520,11 @@ def init(params: Any, optimizer: optax.GradientTransformation) -> SVRGState:
 
 
 def make_step(
-    grad_fn: GradFn, optimizer: optax.GradientTransformation, lazy: bool = False
+    grad_fn: GradFn,
+    optimizer: optax.GradientTransformation,
+    lazy: bool = False,
+    *,
+    axis_name: Any = None,
 ) -> Callable[[Any, SVRGState, Any], tuple[Any, SVRGState]]:
     """A jitted SVRG step ``step(params, state, batch) -> (params, state)``.
 
@@ -339,6 +538,11 @@ def make_step(
       optimizer: any optax ``GradientTransformation`` (lazy ones accept the
         RowSparse gradients ``lazy=True`` produces).
       lazy: see :func:`corrected_gradient`.
+      axis_name: for a step run inside ``jax.shard_map`` / ``jax.pmap``, each
+        device with its own batch: see :func:`corrected_gradient`. The
+        parameters and the state stay replicated; donate them in the ``jit``
+        around the ``shard_map`` (the step's own donation applies only when
+        it is called outside one).
 
     Example:
       >>> import jax, jax.numpy as jnp, optax, jaxsparse_rows as jsr
@@ -353,7 +557,9 @@ def make_step(
     _check_optimizer(optimizer)
 
     def step(params, state, batch):
-        g = corrected_gradient(grad_fn, params, state.snapshot, state.full_grad, batch, lazy)
+        g = corrected_gradient(
+            grad_fn, params, state.snapshot, state.full_grad, batch, lazy, axis_name=axis_name
+        )
         updates, opt_state = optimizer.update(g, state.opt_state, params)
         return apply_updates(params, updates), state._replace(opt_state=opt_state)
 

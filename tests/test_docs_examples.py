@@ -40,12 +40,13 @@ BLOCK_COUNTS = {
     "storage.md": 4,
     "ops.md": 4,
     "optimizers.md": 6,
-    "training.md": 6,
+    "training.md": 10,
     "models.md": 11,
     "getting_started.md": 4,
     "migrating_from_mxnet.md": 11,
     "migrating_from_pytorch.md": 4,
     "lazy_or_dense.md": 2,
+    "scaling_out.md": 5,
 }
 
 # Fence languages the docs may use; anything else (```py, ```pycon, ...) would
@@ -181,6 +182,11 @@ ids = jnp.asarray(_rng.integers(0, V, (B, L)), jnp.int32)
 y = jnp.asarray(_rng.standard_normal(B), jnp.float32)
 ids_spec = jax.ShapeDtypeStruct(ids.shape, ids.dtype)
 y_spec = jax.ShapeDtypeStruct(y.shape, y.dtype)
+""",
+    # Several hosts, checkpoints: orbax is a test extra.
+    ("training.md", 9): """
+import pytest
+pytest.importorskip("orbax.checkpoint", reason="orbax-checkpoint is not installed (test extra)")
 """,
     # The framework recipes need the test extra's flax, orbax and equinox.
     ("models.md", 4): """
@@ -576,6 +582,46 @@ def _(ns, shown):
     assert int(optax.tree_utils.tree_get(state, "count")) == 2
 
 
+@check("training.md", 7)
+def _(ns, shown):
+    it, part, x1 = ns["it"], ns["part"], ns["x1"]
+    assert it.rows == range(600)  # one process: every row
+    batches = list(part)  # "the lines that start in its range": a quarter of the file
+    assert sum(int(b.num_rows) for b in batches) == x1.shape[0] > 0
+    assert x1.shape[0] < 600 and x1.shape[1] == 2**20
+    whole = [jsr.io.load_libsvm("big.svm", 2**20, False, num_parts=4, part_index=p)[1]
+             for p in range(4)]  # fmt: skip
+    np.testing.assert_array_equal(np.concatenate(whole), jsr.io.load_libsvm("big.svm")[1])
+
+
+@check("training.md", 8)
+def _(ns, shown):
+    params = ns["params"]
+    assert params["emb"].sharding.is_equivalent_to(ns["by_rows"], 2)  # "the table's rows"
+    assert np.isfinite(float(ns["loss"]))
+    mu = optax.tree_utils.tree_get(ns["state"], "mu")
+    assert mu["emb"].shape == params["emb"].shape
+
+
+@check("training.md", 9)
+def _(ns, shown):
+    restored, params, state = ns["restored"], ns["params"], ns["state"]
+    saved = {"params": params, "opt_state": state}
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert restored["params"]["emb"].sharding.is_equivalent_to(ns["by_rows"], 2)
+
+
+@check("training.md", 10)
+def _(ns, shown):
+    start = ns["init_params"]()
+    params = ns["svrg_params"]
+    assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(params))
+    assert np.any(np.asarray(params["emb"]) != np.asarray(start["emb"]))
+    mu = jsr.svrg.full_gradient(ns["grad_fn"], ns["svrg_state"].snapshot, ns["epoch"])
+    np.testing.assert_allclose(ns["svrg_state"].full_grad["w"], mu["w"], rtol=1e-5, atol=1e-7)
+
+
 @check("models.md", 2)
 def _(ns, shown):
     params, ids, y, loss_fn = ns["params"], ns["ids"], ns["y"], ns["loss_fn"]
@@ -837,6 +883,35 @@ def _(ns, shown):
     dense_opt = optax.adam(1e-3)
     expected, _ = dense_opt.update(ns["grad"].todense(), dense_opt.init(w), w)
     np.testing.assert_allclose(updates, expected, rtol=1e-6, atol=1e-9)
+
+
+@check("scaling_out.md", 1)
+def _(ns, shown):
+    assert shown['params["emb"].sharding.is_equivalent_to(by_rows, 2)'] is True
+    assert np.isfinite(float(ns["loss"]))
+
+
+@check("scaling_out.md", 2)
+def _(ns, shown):
+    assert ns["params"]["emb"].sharding.is_equivalent_to(ns["by_rows"], 2)
+    assert np.isfinite(float(ns["loss"]))
+
+
+@check("scaling_out.md", 3)
+def _(ns, shown):
+    message = ns["err"].get()  # "the ids name 8 distinct rows ..., more than `capacity` = 2"
+    assert "the ids name 8 distinct rows of one shard, more than `capacity` = 2" in message
+
+
+@check("scaling_out.md", 4)
+def _(ns, shown):
+    assert list(shown.values())[-1] is True
+
+
+@check("scaling_out.md", 5)
+def _(ns, shown):
+    table, v_real = np.asarray(ns["table"]), ns["V_real"]
+    np.testing.assert_array_equal(ns["rows"], np.tile(table[v_real - 1], (ns["n"], 1)))
 
 
 # --- the tests -----------------------------------------------------------------

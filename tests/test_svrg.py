@@ -5,6 +5,7 @@ per step, and SVRG beating SGD on least squares."""
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -378,3 +379,46 @@ def test_roll_over_iterators_are_refused():
     padded = CSRIter(x, y, 3)  # the default, last_batch="pad": every row once
     for _ in range(2):
         np.testing.assert_allclose(float(jsr.svrg.full_gradient(grad_fn, 0.0, padded)), -3.0)
+
+
+def test_full_gradient_scans_a_stacked_epoch():
+    """A ``stack_batches`` epoch is scanned in one program: the mean over all
+    rows, as the list of its batches gives."""
+    x, dense, y = make_problem()
+    params = params_at(12, 1)
+    batches = list(CSRIter(x, y, 8, nnz_buckets=[64]))  # 60 = 7 * 8 + 4: the last padded
+    scanned = jsr.svrg.full_gradient(grad_fn, params, jsr.io.stack_batches(batches))
+    gw, gb = np_grad(np.asarray(params["w"], np.float64), float(params["b"]), dense, y)
+    np.testing.assert_allclose(scanned["w"], gw, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(scanned["b"], gb, rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match=r"`batches` is one `jsr.io.Batch`: pass an iterable"):
+        jsr.svrg.full_gradient(grad_fn, params, batches[0])
+    with pytest.raises(TypeError, match=r"`batches` must be a re-iterable of batches"):
+        jsr.svrg.fit(grad_fn, optax.sgd(0.1), params, jsr.io.stack_batches(batches), 1)
+
+
+def test_a_batch_without_rows_counts_for_nothing():
+    """Its mean gradient is 0 / 0 (a device whose part ran out of rows): the
+    full gradient ignores it rather than turning NaN."""
+
+    class Rows(NamedTuple):
+        y: jax.Array
+        num_rows: jax.Array
+
+    def mean_grad(w, batch):
+        return jax.grad(lambda w: jnp.sum((w - batch.y) ** 2) / batch.num_rows)(w)
+
+    batches = [Rows(jnp.array([1.0, 3.0]), jnp.int32(2)), Rows(jnp.zeros(2), jnp.int32(0))]
+    np.testing.assert_allclose(jsr.svrg.full_gradient(mean_grad, jnp.float32(0.0), batches), -4.0)
+
+
+def test_axis_name_outside_a_mapped_axis_is_named():
+    x, _, y = make_problem()
+    batches = CSRIter(x, y, 30)
+    with pytest.raises(ValueError, match=r"`axis_name='x'`: no mapped axis 'x' is bound here"):
+        jsr.svrg.full_gradient(grad_fn, params_at(12, 0), batches, axis_name="x")
+    mu = jax.tree.map(jnp.zeros_like, params_at(12, 0))
+    with pytest.raises(ValueError, match=r"inside `jax.shard_map` \(or `jax.pmap`\)"):
+        jsr.svrg.corrected_gradient(
+            grad_fn, params_at(12, 0), params_at(12, 1), mu, next(iter(batches)), axis_name="x"
+        )

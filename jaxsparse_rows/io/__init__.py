@@ -1,7 +1,9 @@
 """Data input (``jsr.io``): LibSVM files and fixed-shape CSR mini-batches.
 
 A jitted training step sees batches of one shape per nnz bucket, so it
-compiles at most once per bucket.
+compiles at most once per bucket. For data-parallel input, ``num_parts`` and
+``part_index`` make each reader read one part of the rows (one per process
+or device); across the parts every row is read exactly once.
 """
 
 from ._iter import Batch as Batch

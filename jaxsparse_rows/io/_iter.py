@@ -21,10 +21,11 @@ from ._libsvm import (
     check_num_features,
     check_value_dtype,
     header_zero_based,
-    parse_libsvm_bytes,
-    read_chunks,
+    parse_part,
+    read_header,
     shift_ids,
 )
+from ._parts import check_parts, part_bounds
 
 _LAST_BATCH = ("discard", "pad", "roll_over")
 
@@ -237,6 +238,20 @@ class CSRIter(_Batcher):
       nnz_buckets: a sequence of allowed entry capacities (ints >= 1);
         default: powers of two.
       min_nnz: smallest default bucket (default 16).
+      num_parts: the number of parts the rows are split into for
+        data-parallel input (one per process or device); default 1, all rows.
+      part_index: the part this iterator reads, ``0 <= part_index <
+        num_parts``. Part ``p`` is the contiguous row range ``[N * p //
+        num_parts, N * (p + 1) // num_parts)`` (:attr:`rows`): the parts
+        hold every row exactly once and differ in size by at most one row (a
+        part is empty when there are more parts than rows). Shuffling,
+        batching and ``last_batch`` apply within the part: epoch ``e`` of
+        part ``p`` visits its rows in the order drawn from ``(seed, e)``
+        with one part, from ``(seed, e, p)`` with several.
+
+    Attributes:
+      rows: the ``range`` of the rows of ``csr`` that this iterator reads
+        (all of them with one part).
 
     Raises:
       TypeError, ValueError: naming the bad argument, at construction.
@@ -247,6 +262,12 @@ class CSRIter(_Batcher):
       >>> batches = list(jsr.io.CSRIter(x, np.arange(5.), batch_size=2))
       >>> len(batches), batches[-1].num_rows, batches[-1].mask, batches[-1].x.nse
       (3, Array(1, dtype=int32), Array([ True, False], dtype=bool), 16)
+
+      Part 1 of 2 (process 1 of 2, say) reads rows 2, 3 and 4:
+
+      >>> it = jsr.io.CSRIter(x, np.arange(5.), batch_size=2, num_parts=2, part_index=1)
+      >>> it.rows, len(it), [b.y.tolist() for b in it]
+      (range(2, 5), 2, [[2.0, 3.0], [4.0, 0.0]])
     """
 
     def __init__(
@@ -259,10 +280,14 @@ class CSRIter(_Batcher):
         last_batch: str = "pad",
         nnz_buckets: Sequence[int] | None = None,
         min_nnz: int = 16,
+        *,
+        num_parts: int = 1,
+        part_index: int = 0,
     ):
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
         shuffle, seed = check_flag(shuffle, "shuffle"), check_static_int(seed, "seed", minimum=0)
+        self.num_parts, self.part_index = check_parts(num_parts, part_index)
         csr = csr_matrix(csr)
         indptr = np.asarray(csr.indptr).astype(np.int64)
         nnz = int(indptr[-1])
@@ -273,7 +298,11 @@ class CSRIter(_Batcher):
                 f"`labels` must have a leading dimension of {csr.shape[0]} (the rows of `csr`), "
                 f"got shape {y.shape}."
             )
-        self._rows = _Rows(np.asarray(csr.data)[:nnz], np.asarray(csr.indices)[:nnz], indptr, y)
+        self.rows = range(*part_bounds(csr.shape[0], self.num_parts, self.part_index))
+        rows = _Rows(np.asarray(csr.data)[:nnz], np.asarray(csr.indices)[:nnz], indptr, y)
+        if self.num_parts > 1:  # a copy, so that the part does not keep the whole data
+            rows = _Rows(*(np.array(a) for a in rows.slice(self.rows.start, self.rows.stop)))
+        self._rows = rows
         self.num_features = csr.shape[1]
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._buckets = _check_buckets(nnz_buckets)
@@ -288,7 +317,8 @@ class CSRIter(_Batcher):
     def __iter__(self) -> Iterator[Batch]:
         n = self._rows.n
         if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+            key = [self.seed, self.epoch] + ([self.part_index] if self.num_parts > 1 else [])
+            order = np.random.default_rng(key).permutation(n)
             block = self._rows.take(order)
         else:
             block = self._rows
@@ -322,6 +352,20 @@ class LibSVMIter(_Batcher):
       nnz_buckets: as in :class:`CSRIter`.
       min_nnz: as in :class:`CSRIter`.
       chunk_bytes: bytes read per chunk (default 4 MiB).
+      num_parts: the number of parts the file is split into for
+        data-parallel input (one per process or device); default 1, the
+        whole file.
+      part_index: the part this iterator reads, ``0 <= part_index <
+        num_parts``. The parts are contiguous ranges of lines of near-equal
+        size in bytes (MXNet's ``LibSVMIter`` ``num_parts`` /
+        ``part_index``): the file's bytes are cut into ``num_parts`` equal
+        ranges, and a part holds the lines that start in its range. Every
+        row is read by exactly one part; the parts hold near-equal row
+        counts when the lines have near-equal lengths, and a part may be
+        empty. A part seeks to its range and parses only its own lines.
+        With several parts, ``zero_based="auto"`` takes the header line's
+        base at every part (and raises when iterated if there is none), and
+        ``path`` must be a regular file.
 
     Example:
       >>> import pathlib, tempfile, jaxsparse_rows as jsr
@@ -332,6 +376,14 @@ class LibSVMIter(_Batcher):
       ...     print(b.x.asnumpy().tolist(), int(b.num_rows))
       [[2.0, 0.0, 0.0], [0.0, 4.0, 1.0]] 2
       [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]] 1
+
+      Part 1 of 2 holds the lines that start in the second half of the
+      file's 18 bytes, here the last one:
+
+      >>> part = jsr.io.LibSVMIter(path, 2, 3, num_parts=2, part_index=1)
+      >>> for b in part:
+      ...     print(b.y.tolist(), int(b.num_rows))
+      [1.0, 0.0] 1
     """
 
     def __init__(
@@ -345,6 +397,9 @@ class LibSVMIter(_Batcher):
         nnz_buckets: Sequence[int] | None = None,
         min_nnz: int = 16,
         chunk_bytes: int = 4 << 20,
+        *,
+        num_parts: int = 1,
+        part_index: int = 0,
     ):
         self.batch_size = _check_common(batch_size, last_batch)
         self.last_batch = last_batch
@@ -359,22 +414,37 @@ class LibSVMIter(_Batcher):
         self.chunk_bytes = check_static_int(chunk_bytes, "chunk_bytes", minimum=1)
         self._buckets = _check_buckets(nnz_buckets)
         self._min_nnz = check_static_int(min_nnz, "min_nnz", minimum=1)
+        self.num_parts, self.part_index = check_parts(num_parts, part_index)
         self._carry = None
+
+    def _no_base(self) -> ValueError:
+        return ValueError(
+            f'`zero_based="auto"` takes the base of the ids from the header line that '
+            f"`jsr.io.save_libsvm` writes, and {os.fspath(self.path)} records none. Pass "
+            "`zero_based=True` or `False`, or read the file with `jsr.io.load_libsvm` "
+            '(whose "auto" also looks for a 0 id) and batch it with `CSRIter`.'
+        )
 
     def _blocks(self) -> Iterator[_Rows]:
         zero_based = self.zero_based
-        for text, line in read_chunks(self.path, self.chunk_bytes):
-            parsed = parse_libsvm_bytes(text, self.path, first_line=line, dtype=self.dtype)
-            if line == 1:
+        if self.num_parts > 1:  # a part may not hold line 1: the header is read first
+            zero_based = header_zero_based(
+                zero_based, read_header(self.path, self.num_parts), self.path
+            )
+            if isinstance(zero_based, str):
+                raise self._no_base()
+
+        def convert(parsed: Parsed) -> _Rows:
+            nonlocal zero_based
+            if parsed.header is not None:
                 zero_based = header_zero_based(self.zero_based, parsed.header, self.path)
             if isinstance(zero_based, str):
-                raise ValueError(
-                    f'`zero_based="auto"` takes the base of the ids from the header line that '
-                    f"`jsr.io.save_libsvm` writes, and {os.fspath(self.path)} records none. Pass "
-                    "`zero_based=True` or `False`, or read the file with `jsr.io.load_libsvm` "
-                    '(whose "auto" also looks for a 0 id) and batch it with `CSRIter`.'
-                )
-            yield self._rows(parsed, zero_based)
+                raise self._no_base()
+            return self._rows(parsed, zero_based)
+
+        yield from parse_part(
+            self.path, self.chunk_bytes, self.dtype, convert, self.num_parts, self.part_index
+        )
 
     def _rows(self, parsed: Parsed, zero_based: bool) -> _Rows:
         cols = shift_ids(parsed, zero_based, self.path)

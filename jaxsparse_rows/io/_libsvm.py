@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ import numpy as np
 from .._args import check_flag, check_static_int
 from .._csr import CSR
 from .._dtypes import index_dtype
+from ._parts import check_parts, part_bounds
 
 PathLike = str | os.PathLike
 
@@ -372,15 +374,88 @@ def _check_not_compressed(head: bytes, path: Any) -> None:
             )
 
 
-def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Whole-line pieces of a file (about ``chunk_bytes`` each) and the line
-    number of each piece's first line."""
+def _line_start(f: Any, pos: int, size: int) -> int:
+    """The byte offset of the first line that starts at or after ``pos``
+    (``size`` when none does): a line starts at 0 and after every ``\\n``."""
+    if pos <= 0:
+        return 0
+    if pos >= size:
+        return size
+    at = pos - 1
+    f.seek(at)
+    while block := f.read(1 << 16):
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return at + newline + 1
+        at += len(block)
+    return size
+
+
+def part_byte_range(f: Any, path: Any, num_parts: int, part_index: int) -> tuple[int, int]:
+    """``[start, stop)``: the bytes of part ``part_index`` of ``num_parts`` of
+    the open file ``f``.
+
+    The file's ``size`` bytes are cut into the ranges ``[size * p //
+    num_parts, size * (p + 1) // num_parts)``, and part ``p`` holds the lines
+    that start in its range (as MXNet's ``LibSVMIter`` splits a file): every
+    line belongs to one part, and a part finds its lines by reading from its
+    own range on, up to the end of its last line.
+    """
+    size = _regular_size(f, path, num_parts)
+    lo, hi = part_bounds(size, num_parts, part_index)
+    return _line_start(f, lo, size), _line_start(f, hi, size)
+
+
+def _regular_size(f: Any, path: Any, num_parts: int) -> int:
+    """The size of the open file ``f``, which must be a regular file to be
+    split into parts (checked before anything is read from it)."""
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"`num_parts` = {num_parts} splits {_name(path)} into byte ranges of its size, which "
+            "needs a regular file; it is not one (a pipe?). Read it whole (`num_parts=1`), or "
+            "copy it to a file first."
+        )
+    return st.st_size
+
+
+def read_chunks(
+    path: PathLike, chunk_bytes: int, num_parts: int = 1, part_index: int = 0
+) -> Iterator[tuple[bytes, int, int]]:
+    """Whole-line pieces (about ``chunk_bytes`` each) of part ``part_index``
+    of ``num_parts`` of a file (:func:`part_byte_range`; the whole file for
+    one part): yields ``(text, line, offset)``, the piece, the number of its
+    first line and its byte offset.
+
+    A part that starts at byte 0 has the file's line numbers. Another one
+    numbers its first line 2 (never 1, which would be read as the header
+    line): counting the lines before it would read the file up to the part;
+    :func:`parse_part` counts them only to name the line of an error.
+    """
     line, pending = 1, []  # pending: the pieces of the unfinished last line
     with open(path, "rb") as f:
+        left = None  # bytes of the part still to read (None: up to the end)
+        if num_parts > 1:
+            start, stop = part_byte_range(f, path, num_parts, part_index)
+            f.seek(0)
+            _check_not_compressed(f.read(8), path)
+            f.seek(start)
+            left, line = stop - start, 1 if start == 0 else 2
+        offset = 0 if left is None else start
+
+        def read(n: int) -> bytes:
+            nonlocal left
+            if left is None:
+                return f.read(n)
+            out = f.read(min(n, left))
+            left -= len(out)
+            return out
+
         # The first read holds a compressed file's magic number (no seeking
         # back to check it: a pipe cannot).
-        chunk = f.read(max(chunk_bytes, 8))
-        _check_not_compressed(chunk, path)
+        chunk = read(max(chunk_bytes, 8))
+        if offset == 0:
+            _check_not_compressed(chunk, path)
         while chunk:
             cut = chunk.rfind(b"\n") + 1
             if cut == 0:  # a line longer than the chunk: keep reading
@@ -388,20 +463,91 @@ def read_chunks(path: PathLike, chunk_bytes: int) -> Iterator[tuple[bytes, int]]
             else:
                 text = b"".join([*pending, chunk[:cut]])
                 pending = [chunk[cut:]]
-                yield text, line
+                yield text, line, offset
                 line += text.count(b"\n")
-            chunk = f.read(chunk_bytes)
+                offset += len(text)
+            chunk = read(chunk_bytes)
         text = b"".join(pending)  # a last line without a newline
         if text:
-            yield text, line
+            yield text, line, offset
 
 
-def parse_libsvm_file(path: PathLike, chunk_bytes: int = 4 << 20, dtype: Any = None) -> Parsed:
-    """Parses a whole file chunk by chunk (bounded temporaries), then joins.
-    ``dtype`` is checked as in :func:`parse_libsvm_bytes`."""
-    parts = [
-        parse_libsvm_bytes(text, path, line, dtype) for text, line in read_chunks(path, chunk_bytes)
-    ]
+def file_line(path: PathLike, offset: int) -> int:
+    """The number of the line that starts at byte ``offset`` of the file
+    (reads the file up to there)."""
+    count, left = 0, offset
+    with open(path, "rb") as f:
+        while left > 0 and (block := f.read(min(left, 1 << 20))):
+            count += block.count(b"\n")
+            left -= len(block)
+    return count + 1
+
+
+def read_header(path: PathLike, num_parts: int) -> Header | None:
+    """The header line of the file (see :func:`save_libsvm`), read alone by
+    each of ``num_parts`` parts (which may not hold line 1)."""
+    with open(path, "rb") as f:
+        _regular_size(f, path, num_parts)
+        head = f.read(8)
+        _check_not_compressed(head, path)
+        if not head.startswith(b"#"):
+            return None
+        f.seek(0)
+        return _read_header(f.readline(), path)
+
+
+def parse_part(
+    path: PathLike,
+    chunk_bytes: int,
+    dtype: Any = None,
+    convert: Callable[[Parsed], Any] | None = None,
+    num_parts: int = 1,
+    part_index: int = 0,
+) -> Iterator[Any]:
+    """Parses part ``part_index`` of ``num_parts`` of a file chunk by chunk
+    (:func:`read_chunks`), yielding ``convert(parsed)`` (default: the
+    :class:`Parsed`) of every chunk.
+
+    Errors, from the parser or from ``convert``, name the file's line
+    numbers: in a part that does not start at byte 0, the chunk that failed
+    is parsed and converted again with its lines counted from the start of
+    the file.
+    """
+    convert = (lambda parsed: parsed) if convert is None else convert
+    part_start = None
+    for text, line, offset in read_chunks(path, chunk_bytes, num_parts, part_index):
+        if part_start is None:
+            part_start = offset
+        try:
+            out = convert(parse_libsvm_bytes(text, path, line, dtype))
+        except ValueError:
+            if part_start == 0:
+                raise
+            exact = line - 2 + file_line(path, part_start)
+            convert(parse_libsvm_bytes(text, path, exact, dtype))  # raises, naming the line
+            raise  # pragma: no cover - the same text and checks raised above
+        yield out
+
+
+def parse_libsvm_file(
+    path: PathLike,
+    chunk_bytes: int = 4 << 20,
+    dtype: Any = None,
+    num_parts: int = 1,
+    part_index: int = 0,
+    check: Callable[[Parsed], Any] | None = None,
+) -> Parsed:
+    """Parses a whole file (or one part of it, see :func:`part_byte_range`)
+    chunk by chunk (bounded temporaries), then joins. ``dtype`` is checked as
+    in :func:`parse_libsvm_bytes`; ``check(parsed)`` runs on every chunk, its
+    errors naming the file's line numbers (see :func:`parse_part`)."""
+
+    def convert(parsed: Parsed) -> Parsed:
+        if check is not None:
+            check(parsed)
+        return parsed
+
+    parts = list(parse_part(path, chunk_bytes, dtype, convert, num_parts, part_index))
     if not parts:
         return parse_libsvm_bytes(b"", path)
     if len(parts) == 1:
@@ -515,11 +661,97 @@ def check_value_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+def _header_feature_count(header: Header, path: Any) -> int:
+    """The column count the header line records, which must fit the index dtype."""
+    num_features = header.num_features
+    limit = np.iinfo(index_dtype()).max
+    if num_features > limit:
+        raise ValueError(
+            f"{_name(path)}, line 1: the header line records `num_features={num_features}`, "
+            f"which does not fit the index dtype {index_dtype()} (at most {limit}); enable "
+            "64-bit indices with `jax.config.update('jax_enable_x64', True)`."
+        )
+    return num_features
+
+
+def _load_whole(
+    path: PathLike, num_features: Any, zero_based: bool | str, dtype: np.dtype
+) -> tuple[Parsed, np.ndarray, int]:
+    """The whole file: ``(parsed, 0-based column ids, column count)``, where
+    ``"auto"`` and an absent count may be inferred from every id."""
+    parsed = parse_libsvm_file(path, dtype=dtype)
+    header = parsed.header
+    zero_based = header_zero_based(zero_based, header, path)
+    if zero_based == "auto":
+        zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
+    cols = shift_ids(parsed, bool(zero_based), path)
+    base = 0 if zero_based else 1
+    if num_features is None and header is not None and header.num_features is not None:
+        num_features = _header_feature_count(header, path)
+        check_num_features(parsed, cols, num_features, path, base, from_header=True)
+    elif num_features is None:
+        limit = np.iinfo(index_dtype()).max
+        if cols.size and cols.max() >= limit:  # the inferred K = max id + 1 would not fit
+            check_num_features(parsed, cols, limit, path, base, index_dtype())
+        num_features = int(cols.max()) + 1 if cols.size else 0
+    else:
+        num_features = check_feature_count(num_features)
+        check_num_features(parsed, cols, num_features, path, base)
+    return parsed, cols, num_features
+
+
+def _load_part(
+    path: PathLike,
+    num_features: Any,
+    zero_based: bool | str,
+    dtype: np.dtype,
+    num_parts: int,
+    part_index: int,
+) -> tuple[Parsed, np.ndarray, int]:
+    """One part of the file, as :func:`_load_whole`; the base of the ids and
+    the column count come from the arguments or the header line, never from
+    the ids of the part (every part must agree on them)."""
+    header = read_header(path, num_parts)
+    zero_based = header_zero_based(zero_based, header, path)
+    if zero_based == "auto":
+        raise ValueError(
+            f'`zero_based="auto"` with `num_parts` = {num_parts} takes the base of the ids from '
+            f"the header line that `jsr.io.save_libsvm` writes, and {_name(path)} records none "
+            "(each part would guess it from its own ids, and the parts could disagree). Pass "
+            "`zero_based=True` or `False`."
+        )
+    from_header = num_features is None
+    if not from_header:
+        num_features = check_feature_count(num_features)
+    elif header is not None and header.num_features is not None:
+        num_features = _header_feature_count(header, path)
+    else:
+        raise ValueError(
+            f"`num_features=None` with `num_parts` = {num_parts} takes the column count from the "
+            f"header line that `jsr.io.save_libsvm` writes, and {_name(path)} records none (each "
+            "part would infer it from its own ids, and the parts could disagree). Pass "
+            "`num_features`."
+        )
+    base = 0 if zero_based else 1
+
+    def check(parsed: Parsed) -> None:
+        cols = shift_ids(parsed, bool(zero_based), path)
+        check_num_features(parsed, cols, num_features, path, base, from_header=from_header)
+
+    parsed = parse_libsvm_file(
+        path, dtype=dtype, num_parts=num_parts, part_index=part_index, check=check
+    )
+    return parsed, shift_ids(parsed, bool(zero_based), path), num_features
+
+
 def load_libsvm(
     path: PathLike,
     num_features: int | None = None,
     zero_based: bool | str = "auto",
     dtype: Any = jnp.float32,
+    *,
+    num_parts: int = 1,
+    part_index: int = 0,
 ) -> tuple[CSR, jax.Array]:
     """Reads a LibSVM / svmlight text file into a CSR matrix and a label vector.
 
@@ -547,17 +779,35 @@ def load_libsvm(
         number written as a finite value that it cannot hold (``1e39`` in
         float32, ``70000`` in float16) raises; ``inf`` and ``nan`` written as
         such are read as they are.
+      num_parts: the number of parts the file is split into for data-parallel
+        input (one per process, say); default 1, the whole file.
+      part_index: which part to read, ``0 <= part_index < num_parts``. The
+        parts are contiguous ranges of lines of near-equal size in bytes: the
+        file's bytes are cut into ``num_parts`` equal ranges and a part holds
+        the lines that start in its range (MXNet's ``LibSVMIter``
+        ``num_parts`` / ``part_index``), so every row is in exactly one
+        part, parts hold near-equal row counts only when the lines have
+        near-equal lengths, and a part may be empty. Reading a part seeks to
+        its range and parses only its lines. With several parts, the base of
+        the ids and the column count come from the arguments or the header
+        line (``"auto"`` and ``None`` without a header raise: each part
+        would guess them from its own ids), and ``path`` must be a regular
+        file.
 
     Returns:
       ``(x, y)``: a :class:`~jaxsparse_rows.CSR` of shape ``(rows, K)`` with no
-      padding, and the ``[rows]`` labels.
+      padding, and the ``[rows]`` labels (of the part's rows with several
+      parts).
 
     Raises:
       ValueError: a malformed line (naming the file, the line and the token),
         a number too large for ``dtype`` (naming the same), a compressed
         file, CR-only line endings, an id past ``num_features``, a
-        ``zero_based`` that contradicts the header.
-      TypeError: ``dtype`` is not floating.
+        ``zero_based`` that contradicts the header; ``num_parts < 1`` or a
+        ``part_index`` outside ``[0, num_parts)``; with several parts, no
+        known base or column count, or a path that is not a regular file.
+      TypeError: ``dtype`` is not floating; ``num_parts`` or ``part_index``
+        is not an int (bools are refused).
 
     Example:
       >>> import pathlib, tempfile, jaxsparse_rows as jsr
@@ -569,35 +819,22 @@ def load_libsvm(
       >>> x.asnumpy()
       array([[2. , 0. , 0.5],
              [0. , 1.5, 0. ]], dtype=float32)
+
+      One part of two, as process 1 of 2 would read it:
+
+      >>> jsr.io.load_libsvm(path, 3, False, num_parts=2, part_index=1)[1]
+      Array([-1.], dtype=float32)
     """
     if zero_based not in (True, False, "auto"):
         raise ValueError(f'`zero_based` must be True, False or "auto", got {zero_based!r}.')
     dtype = check_value_dtype(dtype)
-    parsed = parse_libsvm_file(path, dtype=dtype)
-    header = parsed.header
-    zero_based = header_zero_based(zero_based, header, path)
-    if zero_based == "auto":
-        zero_based = bool(parsed.ids.size and parsed.ids.min() == 0)
-    cols = shift_ids(parsed, bool(zero_based), path)
-    base = 0 if zero_based else 1
-    if num_features is None and header is not None and header.num_features is not None:
-        num_features = header.num_features
-        limit = np.iinfo(index_dtype()).max
-        if num_features > limit:
-            raise ValueError(
-                f"{_name(path)}, line 1: the header line records `num_features={num_features}`, "
-                f"which does not fit the index dtype {index_dtype()} (at most {limit}); enable "
-                "64-bit indices with `jax.config.update('jax_enable_x64', True)`."
-            )
-        check_num_features(parsed, cols, num_features, path, base, from_header=True)
-    elif num_features is None:
-        limit = np.iinfo(index_dtype()).max
-        if cols.size and cols.max() >= limit:  # the inferred K = max id + 1 would not fit
-            check_num_features(parsed, cols, limit, path, base, index_dtype())
-        num_features = int(cols.max()) + 1 if cols.size else 0
+    num_parts, part_index = check_parts(num_parts, part_index)
+    if num_parts > 1:
+        parsed, cols, num_features = _load_part(
+            path, num_features, zero_based, dtype, num_parts, part_index
+        )
     else:
-        num_features = check_feature_count(num_features)
-        check_num_features(parsed, cols, num_features, path, base)
+        parsed, cols, num_features = _load_whole(path, num_features, zero_based, dtype)
     idt = index_dtype()
     shape = (parsed.labels.size, num_features)
     x = CSR._make(
