@@ -16,7 +16,7 @@ from ._arraybase import check_unbatched_args
 from ._config import log_inference, warn_fallback
 from ._csr import CSR, csr_row_ids, whole_csr
 from ._dtypes import accumulation_dtype, index_dtype
-from ._kernel_call import on_cpu
+from ._kernel_call import kernel_call
 from ._rowops import (
     coalesce_rows,
     fit_ids,
@@ -195,7 +195,7 @@ def _csr_dense_xla(vals, cols, indptr, table, dtype=None) -> jax.Array:
 @jax.custom_jvp
 def _csr_dense_native(vals, cols, indptr, table) -> jax.Array:
     """:func:`_csr_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
-    return on_cpu(_native.csr_dense_call, _csr_dense_xla, vals, cols, indptr, table)
+    return kernel_call(_native.csr_dense_call, _csr_dense_xla, vals, cols, indptr, table)
 
 
 def _csr_dense_native_jvp(primals, tangents):
@@ -252,7 +252,7 @@ def _csr_t_dense_native(vals, cols, rows, table, k):
     """:func:`_csr_t_dense_xla` run by the native CPU kernel (the XLA ops elsewhere)."""
     # Both branches must return the RowSparse index dtype.
     cols, rows = cols.astype(index_dtype()), rows.astype(index_dtype())
-    return on_cpu(
+    return kernel_call(
         _native.csr_t_dense_call,
         _csr_t_dense_xla,
         vals,

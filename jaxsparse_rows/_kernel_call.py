@@ -1,25 +1,28 @@
-"""One JAX primitive for "the native CPU kernel, or its XLA twin".
+"""One JAX primitive for "the library's kernel, or its XLA twin".
 
-Every native kernel in ``_native`` has an XLA function that computes the same
-result (its reference, and what runs on other platforms). :func:`on_cpu` binds
-both to :data:`kernel_call_p`, whose lowering picks one when the program is
-lowered:
+Every kernel (the native CPU kernels of ``_native``, the Pallas kernels of
+``optim/_fused_kernel.py`` on GPU) has an XLA function that computes the
+same result (its reference, and what runs everywhere else).
+:func:`kernel_call` binds both to :data:`kernel_call_p`, whose lowering picks
+one when the program is lowered:
 
-- on CPU, the kernel (an FFI custom call), unless the program is being lowered
-  for :func:`jax.export`: an exported program must not depend on this
-  library's custom-call targets, which a process that deserializes it may not
-  have (and which carry no compatibility guarantee), so it gets the XLA ops;
-- on CPU, the XLA ops too when the program is partitioned over several
-  devices by XLA (``jax.jit`` of arrays sharded over a mesh, ``shard_map``
-  with automatic axes left): XLA cannot partition a custom call, and would
-  gather a sharded table onto every device to run it. A program for one
-  device, and the body of a ``shard_map`` manual over every axis of size > 1
-  (one device's shard), get the kernel;
+- on CPU the ``native`` kernel (an FFI custom call), on ``cuda`` and ``rocm``
+  the ``gpu`` one (a Pallas / Triton kernel), where the call names one;
+- the XLA ops when the program is being lowered for :func:`jax.export`: an
+  exported program must not depend on this library's custom-call targets or
+  on Triton IR, which a process that deserializes it may not have (and which
+  carry no compatibility guarantee);
+- the XLA ops too when the program is partitioned over several devices by
+  XLA (``jax.jit`` of arrays sharded over a mesh, ``shard_map`` with
+  automatic axes left): XLA cannot partition a custom call, and would gather
+  a sharded table onto every device to run it. A program for one device,
+  and the body of a ``shard_map`` manual over every axis of size > 1 (one
+  device's shard), get the kernel;
 - on every other platform, and for operands sharded over explicit mesh axes
   (whose sharding must stay in the result's type), the XLA ops.
 
-So one traced function runs the kernels under ``jax.jit`` on CPU, runs XLA on
-GPU, and exports to a portable program, with no branch left in any of them.
+So one traced function runs the kernels under ``jax.jit`` on CPU (and GPU),
+and exports to a portable program, with no branch left in any of them.
 
 A call's tangent is that of its XLA function, in XLA ops (callers with a
 cheaper one wrap the call in a ``jax.custom_jvp``). A call declared
@@ -71,10 +74,11 @@ kernel_call_p = Primitive("jsr_kernel_call")
 kernel_call_p.multiple_results = True
 
 
-def on_cpu(
+def kernel_call(
     native: Callable | None,
     xla: Callable,
     *args: Any,
+    gpu: Callable | None = None,
     known_outputs: Callable | None = None,
     linear: tuple[int, ...] = (),
     transpose: Callable | None = None,
@@ -82,8 +86,9 @@ def on_cpu(
     **static: Any,
 ) -> Any:
     """``native(*args, **static)`` in a program lowered for one CPU device (not
-    for export), ``xla(*args, **static)`` everywhere else (always, when
-    ``native`` is None: a linear call with its own transpose and no kernel).
+    for export), ``gpu(*args, **static)`` likewise on one GPU, and
+    ``xla(*args, **static)`` everywhere else (where the kernel is None: a
+    linear call with its own transpose and no kernel is one).
 
     Both must return the same pytree of arrays, shapes and dtypes; ``xla``'s
     decides. ``native``, ``xla`` and the rules below should be module-level
@@ -106,8 +111,8 @@ def on_cpu(
     ``jax.linear_transpose`` traces the call with a linear operand.
 
     >>> import jax.numpy as jnp
-    >>> from jaxsparse_rows._kernel_call import on_cpu
-    >>> on_cpu(jnp.negative, jnp.negative, jnp.arange(3))
+    >>> from jaxsparse_rows._kernel_call import kernel_call
+    >>> kernel_call(jnp.negative, jnp.negative, jnp.arange(3))
     Array([ 0, -1, -2], dtype=int32)
     """
     args = tuple(jax.numpy.asarray(a) for a in args)
@@ -121,6 +126,7 @@ def on_cpu(
     out = kernel_call_p.bind(
         *args,
         native=native,
+        gpu=gpu,
         xla=xla,
         static=tuple(sorted(static.items())),
         out_types=tuple((tuple(s.shape), s.dtype, bool(s.weak_type)) for s in leaves),
@@ -141,7 +147,7 @@ def _flat(fn: Callable, static: tuple) -> Callable:
 
 def _abstract(*avals, out_types, **params):
     del params
-    like = avals[0] if avals else None  # (operands vary over equal axes: on_cpu)
+    like = avals[0] if avals else None  # (operands vary over equal axes: kernel_call)
     return [result_aval(like, shape, dtype, weak) for shape, dtype, weak in out_types]
 
 
@@ -162,15 +168,25 @@ def _one_device(axis_context: Any) -> bool:
     return getattr(axis_context, "num_devices", None) == 1
 
 
-def _cpu_lowering(ctx, *args, native, xla, static, **params):
+def _kernel_lowering(ctx, args, kernel, xla, static):
     module = ctx.module_context
     if (
-        native is None
+        kernel is None
         or module.lowering_parameters.for_export
         or not _one_device(module.axis_context)
     ):
         return _xla_lowering(ctx, *args, xla=xla, static=static)
-    return mlir.lower_fun(_flat(native, static), multiple_results=True)(ctx, *args)
+    return mlir.lower_fun(_flat(kernel, static), multiple_results=True)(ctx, *args)
+
+
+def _cpu_lowering(ctx, *args, native, xla, static, **params):
+    del params
+    return _kernel_lowering(ctx, args, native, xla, static)
+
+
+def _gpu_lowering(ctx, *args, gpu, xla, static, **params):
+    del params
+    return _kernel_lowering(ctx, args, gpu, xla, static)
 
 
 def _jvp(primals, tangents, **params):
@@ -265,4 +281,6 @@ ad.primitive_transposes[kernel_call_p] = _transpose
 kernel_call_p.def_abstract_eval(_abstract)
 mlir.register_lowering(kernel_call_p, _xla_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
+mlir.register_lowering(kernel_call_p, _gpu_lowering, platform="cuda")
+mlir.register_lowering(kernel_call_p, _gpu_lowering, platform="rocm")
 batching.primitive_batchers[kernel_call_p] = _batch

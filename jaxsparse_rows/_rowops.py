@@ -14,7 +14,7 @@ operation                     meaning
 ============================  ==================================================
 
 ``gather_rows`` and ``sum_rows`` are a pair of linear calls of the library's
-one dispatch primitive (``_kernel_call.on_cpu``), each the other's transpose,
+one dispatch primitive (``_kernel_call.kernel_call``), each the other's transpose,
 so ``grad``, ``vjp``, ``jvp``, ``linear_transpose`` and ``vmap`` all go
 through them. On CPU, in a program for one device (or a ``shard_map`` body),
 where the native kernels are available and take the operands (``_native``:
@@ -42,7 +42,7 @@ from jax.interpreters import ad
 from . import _native
 from ._arraybase import ROWSPARSE_INDEXING
 from ._dtypes import accumulation_dtype, index_dtype
-from ._kernel_call import on_cpu
+from ._kernel_call import kernel_call
 from ._sharding import explicit_spec, replicated
 
 # ------------------------------------------------------------ XLA references
@@ -175,7 +175,7 @@ def gather_rows(table: jax.Array, ids: jax.Array, *, ids_sorted: bool = False) -
         # whose sharding and transpose rules JAX knows.
         return gather_rows_xla(table, ids, ids_sorted=ids_sorted)
     native = _native.use(_native.GATHER_ROWS, table, ids)
-    return on_cpu(
+    return kernel_call(
         _gather_native if native else None,
         gather_rows_xla,
         table,
@@ -218,7 +218,7 @@ def _sum_rows(rows: jax.Array, ids: jax.Array, n: int, ids_sorted: bool) -> jax.
         return sum_rows_xla(rows, ids, n, ids_sorted=ids_sorted)
     table = jax.ShapeDtypeStruct((n,) + tuple(rows.shape[1:]), rows.dtype)
     native = _native.use(_native.SUM_ROWS, table, ids, add=True)
-    return on_cpu(
+    return kernel_call(
         _sum_native if native else None,
         sum_rows_xla,
         rows,
@@ -284,7 +284,7 @@ def _scatter_kernel(table, ids, rows, *, add):
 def _scatter_native(table, ids, rows, add):
     """The scatter run by the native kernel on CPU (XLA's elsewhere): linear in
     ``(table, rows)``, for a set and an add alike."""
-    return on_cpu(_scatter_kernel, scatter_rows_xla, table, ids, rows, linear=(0, 2), add=add)
+    return kernel_call(_scatter_kernel, scatter_rows_xla, table, ids, rows, linear=(0, 2), add=add)
 
 
 def _native_rows_ok(table: jax.Array, ids: jax.Array, add: bool = False) -> bool:
@@ -369,7 +369,7 @@ def _native_ids_ok(*ids: jax.Array) -> bool:
 
 def _unique_native(ids: jax.Array, n_rows: int, capacity: int):
     """``(uniq, count, slots)``: the kernel on CPU, the XLA path elsewhere."""
-    return on_cpu(
+    return kernel_call(
         _native.unique_ids_call, _unique_with_slots_xla, ids, n_rows=n_rows, capacity=capacity
     )
 
@@ -431,7 +431,7 @@ def slots_in(sorted_ids: jax.Array, ids: jax.Array, n_rows: int) -> jax.Array:
     flat = ids.reshape(-1)
     if not _native_ids_ok(sorted_ids, flat):
         return _slots_xla(sorted_ids, ids, n_rows)
-    slots = on_cpu(_native.search_ids_call, _slots_xla, sorted_ids, flat, n_rows=n_rows)
+    slots = kernel_call(_native.search_ids_call, _slots_xla, sorted_ids, flat, n_rows=n_rows)
     return slots.reshape(ids.shape)
 
 

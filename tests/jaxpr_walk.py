@@ -5,7 +5,7 @@ It opens every nested program: the sub-jaxprs in an equation's parameters
 ``remat``, ``scan``, ``cond``'s branches, ``while``'s condition and body), and
 the library's primitives that stand for two programs chosen when lowered:
 
-- ``jsr_kernel_call`` (``_kernel_call.on_cpu``): both its native form (the FFI
+- ``jsr_kernel_call`` (``_kernel_call.kernel_call``): both its native form (the FFI
   call run on CPU) and its XLA twin (what runs on GPU and in exported
   programs), each traced as its own program. A call with no native form (the
   row gather and the sum of rows with the kernels off, linear calls with their

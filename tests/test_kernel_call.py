@@ -11,13 +11,13 @@ from kernel_switch import kernels_set, needs_kernels
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _native, _rowops
-from jaxsparse_rows._kernel_call import _jitted_bind, _one_device, on_cpu
+from jaxsparse_rows._kernel_call import _jitted_bind, _one_device, kernel_call
 
 pytestmark = needs_kernels
 
 
 def _unique(ids):
-    return on_cpu(
+    return kernel_call(
         _native.unique_ids_call, _rowops._unique_with_slots_xla, ids, n_rows=8, capacity=4
     )
 
@@ -151,7 +151,7 @@ def test_a_call_differentiates_through_its_xla_function():
     x = jnp.linspace(-1.0, 1.0, 5)
 
     def f(x):
-        return jnp.sum(on_cpu(_tripled_sin_native, _tripled_sin_xla, x, scale=3.0))
+        return jnp.sum(kernel_call(_tripled_sin_native, _tripled_sin_xla, x, scale=3.0))
 
     np.testing.assert_allclose(jax.grad(f)(x), 3 * jnp.cos(x), rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.grad(f))(x), 3 * jnp.cos(x), rtol=1e-6)
@@ -166,7 +166,7 @@ def test_a_linear_call_is_its_own_tangent_and_transposes():
     ids = jnp.array([4, 0, 4], jnp.int32)
 
     def f(x):
-        return on_cpu(_scaled_native, _scaled_xla, x, ids, linear=(0,), scale=2.0)
+        return kernel_call(_scaled_native, _scaled_xla, x, ids, linear=(0,), scale=2.0)
 
     _, tangent = jax.jvp(f, (x,), (jnp.ones(6),))
     np.testing.assert_array_equal(tangent, [2.0, 2.0, 2.0])

@@ -15,7 +15,7 @@ from jaxpr_walk import big_values, primitive_names
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import _rowops
-from jaxsparse_rows._kernel_call import on_cpu
+from jaxsparse_rows._kernel_call import kernel_call
 
 # Every test runs with the native CPU kernels (where built) and with XLA's.
 pytestmark = pytest.mark.usefixtures("kernels")
@@ -75,10 +75,10 @@ HIDDEN = {
     "cond_false_branch": lambda x: jax.lax.cond(x[0] > 0, _no_temp, _temp, x),
     "while_body": lambda x: jax.lax.while_loop(lambda c: c[0] < 0, _temp, x),
     "while_cond": lambda x: jax.lax.while_loop(lambda c: _temp(c)[0] < 0, _no_temp, x),
-    "kernel_call_native": lambda x: on_cpu(_temp, _no_temp, x),
-    "kernel_call_xla": lambda x: on_cpu(_no_temp, _temp, x),
+    "kernel_call_native": lambda x: kernel_call(_temp, _no_temp, x),
+    "kernel_call_xla": lambda x: kernel_call(_no_temp, _temp, x),
     "nested": jax.jit(
-        lambda x: jax.lax.cond(x[0] > 0, lambda y: on_cpu(_no_temp, _temp, y), _no_temp, x)
+        lambda x: jax.lax.cond(x[0] > 0, lambda y: kernel_call(_no_temp, _temp, y), _no_temp, x)
     ),
 }
 

@@ -34,7 +34,9 @@ The kernels are declared in ``_registry``, loaded by
 ``_library`` and checked by ``_selftest`` on first use. :func:`use` is the one
 rule for whether a kernel runs: the kernels are enabled and it takes the
 operands. The environment variable ``JAXSPARSE_ROWS_NATIVE=0`` turns the
-kernels off at import; :func:`set_native_kernels` does so at run time.
+kernels off at import; :func:`set_native_kernels` does so at run time. The
+same switch (:func:`kernels_switched_on`) turns off the lazy optimizers'
+Pallas kernels on GPU (``optim/_fused_rows.py``).
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def kernels_switched_on() -> bool:
 
 
 def set_native_kernels(enabled: bool = True) -> None:
-    """Turns the native CPU kernels on or off.
+    """Turns the native CPU kernels (and the lazy optimizers' GPU kernels) on or off.
 
     They are on by default wherever they were built. Turning them off makes
     every op use its pure-XLA implementation, e.g. to compare the two. The
@@ -170,7 +172,7 @@ def use(kernel: Kernel, *operands: Any, **options: Any) -> bool:
     """Whether ``kernel`` runs for these operands in programs traced now: the
     kernels are enabled (:func:`native_kernels_enabled`) and the kernel takes
     the operands (shapes and dtypes; any object with ``shape`` and ``dtype``).
-    Callers then lower through :func:`jaxsparse_rows._kernel_call.on_cpu` (or
+    Callers then lower through :func:`jaxsparse_rows._kernel_call.kernel_call` (or
     their own primitive), which still picks XLA's ops off CPU and for
     ``jax.export``."""
     return native_kernels_enabled() and kernel.supports(*operands, **options)

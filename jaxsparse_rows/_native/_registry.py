@@ -4,7 +4,7 @@ operands it takes, and the raw FFI call that runs it.
 
 Adding a kernel means its C++ (a handler exported as ``symbol``), its call
 and support test and one :class:`Kernel` here, its case in ``_selftest``, its
-use through :func:`jaxsparse_rows._kernel_call.on_cpu` beside its XLA
+use through :func:`jaxsparse_rows._kernel_call.kernel_call` beside its XLA
 reference, and its tests. (The compiled library itself is the extension
 module ``_kernels`` beside this file.) ``_library`` registers every declared
 target when the library loads; callers ask
