@@ -78,7 +78,7 @@ def scale_by_lazy_adagrad(
         check_state(state, ScaleByLazyAdagradState, "scale_by_lazy_adagrad")
 
         def leaf(path, g, acc):
-            u, (acc,) = apply_rule(path, g, [acc], None, rule, lazy=True)
+            u, (acc,) = apply_rule(path, g, [acc], None, rule, lazy=True, fused="adagrad")
             return u, acc
 
         names = ("updates", "state.sum_of_squares")

@@ -119,7 +119,7 @@ def scale_by_lazy_adam(
             return mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps), [mu, nu]
 
         def leaf(path, g, mu, nu):
-            u, (mu, nu) = apply_rule(path, g, [mu, nu], None, rule, lazy=lazy)
+            u, (mu, nu) = apply_rule(path, g, [mu, nu], None, rule, lazy=lazy, fused="adam")
             return u, mu, nu
 
         names = ("updates", "state.mu", "state.nu")

@@ -11,6 +11,7 @@ from .._args import as_jax
 from .._arraybase import SparseArray, check_unbatched
 from .._limits import check_table_rows
 from .._rowops import gather_rows, scatter_rows
+from ._fused_rows import add_rows
 from ._tree import check_like, flatten_like, is_rowsparse, path_name
 
 
@@ -112,6 +113,9 @@ def apply_updates(params: Any, updates: Any) -> Any:
             check_unbatched(u, f"the update of `{path_name(path)}`")
             check_table_rows(p, path_name(path))
             dtype = jnp.result_type(p, u.data)
+            fused = add_rows(p, u.indices, u.data, dtype)  # one Pallas kernel on GPU
+            if fused is not None:
+                return fused
             if dtype == p.dtype:
                 return scatter_rows(p, u.indices, u.data, add=True)
             rows = gather_rows(p, u.indices, ids_sorted=True).astype(dtype) + u.data.astype(dtype)

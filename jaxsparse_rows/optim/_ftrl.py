@@ -104,7 +104,7 @@ def lazy_ftrl(
             return (new_w - w).astype(dt), [z, n]
 
         def leaf(path, g, z, n, p):
-            u, (z, n) = apply_rule(path, g, [z, n], p, rule, lazy=True)
+            u, (z, n) = apply_rule(path, g, [z, n], p, rule, lazy=True, fused="ftrl")
             return u, z, n
 
         names = ("updates", "state.z", "state.n", "params")

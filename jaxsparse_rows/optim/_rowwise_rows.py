@@ -8,9 +8,10 @@ scatter back and elementwise passes over the ``[K, ...]`` rows, each a
 separate step on XLA:CPU (the reduction of 64-wide rows alone cost more than
 the whole fused loop). On CPU it is one pass of
 ``_native/rowwise_adagrad.cc``, which reads each gradient row from memory
-once; the XLA ops below are the reference it is tested against, the path on
+once, and on GPU one Pallas kernel (``_fused_rows.py``) that does the same;
+the XLA ops below are the reference both are tested against, the path on
 other platforms, for other dtypes and with the kernels off, and they supply
-its derivatives.
+their derivatives.
 """
 
 from __future__ import annotations
@@ -21,24 +22,32 @@ import jax
 import jax.numpy as jnp
 
 from .. import _native
-from .._kernel_call import on_cpu
+from .._kernel_call import kernel_call
 from .._rowops import gather_rows, scatter_rows
 from .._rowsparse import mask_padding
+from ._fused_rows import rule_rows
 from ._tree import abs_sq
 
 
-def rowwise_scales(g: jax.Array, acc: jax.Array, eps) -> tuple[jax.Array, jax.Array]:
+def rowwise_scales(
+    g: jax.Array, acc: jax.Array, eps, size: int | None = None
+) -> tuple[jax.Array, jax.Array]:
     """``(scale, acc)`` for rows ``g`` ``[K, ...]`` (or a whole dense gradient) and
     their accumulators ``acc`` ``[K]``: ``acc += mean(|g|**2)`` over each row, and
     ``scale = 1 / (sqrt(acc) + eps)``, 0 where that denominator is 0. The
-    direction is ``g * scale`` (see :func:`scale_rows`)."""
+    direction is ``g * scale`` (see :func:`scale_rows`).
+
+    ``size`` is the number of elements a mean divides by (default: a row's),
+    for rows padded with zeros; ``acc`` ``[K, 1]`` beside ``g`` ``[K, D]``
+    keeps that shape."""
     axes = tuple(range(1, g.ndim))
     # mean over the row's elements; a row of no elements (D = 0) adds 0, not 0/0
-    size = max(math.prod(g.shape[1:]), 1)
+    size = max(math.prod(g.shape[1:]), 1) if size is None else size
     # squared in the accumulator's dtype when it is wider (a float16
     # gradient above 256 would square to inf and freeze the row for good)
     wide = g.astype(jnp.promote_types(g.dtype, acc.dtype))
-    acc = acc + (jnp.sum(abs_sq(wide), axis=axes) / size).astype(acc.dtype)
+    keep = g.ndim > 1 and acc.ndim == g.ndim
+    acc = acc + (jnp.sum(abs_sq(wide), axis=axes, keepdims=keep) / size).astype(acc.dtype)
     denom = jnp.sqrt(acc) + eps
     # A row whose accumulator is still 0 (zero gradients so far) with eps = 0
     # gets a zero update, not 0/0; a NaN or infinite gradient stays visible
@@ -61,27 +70,27 @@ def _xla(acc, ids, grad, eps, alpha):
     return scatter_rows(acc, ids, rows), u
 
 
+def _rule(grad: jax.Array, eps, alpha):
+    """:func:`_xla`'s arithmetic as a lazy rule on rows ``g`` ``[k, ...]`` with
+    accumulator rows ``[k, 1]``, dividing by the width of ``grad``'s rows."""
+    size = max(math.prod(grad.shape[1:]), 1)
+
+    def rule(g, states, _):
+        (acc,) = states
+        scale, acc = rowwise_scales(g, acc, eps, size)
+        u = scale_rows(g, scale)
+        return (u if alpha is None else jnp.asarray(alpha, u.dtype) * u), [acc]
+
+    return rule
+
+
 def _native_call(acc, ids, grad, eps, alpha):
     return _native.rowwise_adagrad_call(acc, ids, grad, eps, alpha)
 
 
-@jax.custom_jvp
 def _fused(acc, ids, grad, eps, alpha):
-    return on_cpu(_native_call, _xla, acc, ids, grad, eps, alpha)
-
-
-@_fused.defjvp
-def _fused_jvp(primals, tangents):
-    # The kernel's tangent is that of the XLA ops it fuses.
-    acc, ids, grad, eps, alpha = primals
-    d_acc, _, d_grad, d_eps, d_alpha = tangents
-    out = _fused(acc, ids, grad, eps, alpha)
-    _, d_out = jax.jvp(
-        lambda a, g, e, s: _xla(a, ids, g, e, s),
-        (acc, grad, eps, alpha),
-        (d_acc, d_grad, d_eps, d_alpha),
-    )
-    return out, d_out
+    # (its tangent is the XLA ops', which kernel_call supplies)
+    return kernel_call(_native_call, _xla, acc, ids, grad, eps, alpha)
 
 
 def _native_ok(acc: jax.Array, ids: jax.Array, grad: jax.Array, eps) -> bool:
@@ -107,6 +116,10 @@ def rowwise_adagrad_rows(
     ``scale_by_learning_rate`` computes it: one pass over the rows instead of
     two). A donated accumulator is updated in place."""
     acc, ids, grad = jnp.asarray(acc), jnp.asarray(ids), jnp.asarray(grad)
+    fused = rule_rows("rowwise_adagrad", _rule(grad, eps, alpha), grad, ids, [acc])
+    if fused is not None:  # one Pallas kernel on GPU
+        u, (acc,) = fused
+        return acc, u
     # (a schedule that returns a non-scalar keeps XLA's broadcasting)
     if _native_ok(acc, ids, grad, eps) and (alpha is None or jnp.ndim(alpha) == 0):
         a = jnp.asarray(1.0 if alpha is None else alpha, acc.dtype)

@@ -126,7 +126,7 @@ def scale_by_lazy_sgd(
             if p is not None:
                 check_like(path, g, p)
             w = p if decay else None
-            u, new = apply_rule(path, g, states, w, rule, lazy=lazy)
+            u, new = apply_rule(path, g, states, w, rule, lazy=lazy, fused="sgd")
             return u, (new[0] if new else None)
 
         names = ("updates", "state.trace", "params")

@@ -15,6 +15,7 @@ from .._limits import check_table_rows
 from .._rowops import gather_rows, scatter_rows
 from .._rowsparse import RowSparse, mask_padding
 from .._storage import stype
+from ._fused_rows import rule_rows
 
 PARAMS_REQUIRED = (
     "{name} needs the current parameters: call `update(grads, state, params)` "
@@ -266,6 +267,7 @@ def apply_rule(
     lazy: bool,
     check_states: bool = True,
     lazy_rows: Callable | None = None,
+    fused: str | None = None,
 ) -> tuple[Any, tuple[jax.Array, ...]]:
     """Applies an elementwise (or row-wise) update ``rule`` to one leaf.
 
@@ -282,6 +284,10 @@ def apply_rule(
     if given, replaces the lazy path's gather, ``rule``, masking and scatter
     with one function that does all of it (a fused kernel); it must give what
     they give.
+
+    ``fused``, the rule's name in :data:`._fused_rows.RULES`, lets the lazy
+    path run as one fused GPU kernel where :func:`._fused_rows.use_fused`
+    says so (``rule`` must then be elementwise).
     """
     check_inexact(path, grad)
     check_like(path, grad, param)
@@ -300,6 +306,9 @@ def apply_rule(
                 prow = None if param is None else gather_rows(param, idx, ids_sorted=True)
                 upd, new_states = lazy_rows(grad.data, idx, list(states), prow)
                 return RowSparse._make(upd, idx, grad.shape), tuple(new_states)
+            out = None if fused is None else rule_rows(fused, rule, grad.data, idx, states, param)
+            if out is not None:
+                return RowSparse._make(out[0], idx, grad.shape), tuple(out[1])
             rows = [gather_rows(s, idx, ids_sorted=True) for s in states]
             prow = None if param is None else gather_rows(param, idx, ids_sorted=True)
             upd, new_rows = rule(grad.data, rows, prow)
