@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test demo bench docs lint clean
+.PHONY: test demo bench bench-gpu docs lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,23 @@ $(VENV)/.stamp-torch: | $(PY)
 
 bench: $(VENV)/.stamp-torch $(VENV)/.stamp-bench
 	$(PY) benchmarks/run_all.py
+
+# The suite on an NVIDIA GPU: GPU sizes, torch on CUDA, fewer runs. torch is
+# taken as found: one already installed (a CUDA build, typically) is never
+# replaced with the CPU wheel `bench` pins. Where none is, pip's default torch
+# is installed (built with CUDA on Linux x86_64), or the one from
+# TORCH_INDEX_URL if set; then the bench extras, and JAX's CUDA plugin at the
+# installed jax's version unless JAX already sees a GPU. Without nvidia-smi
+# it stops there, with exit status 3.
+TORCH_INDEX_URL ?=
+$(VENV)/.stamp-gpu: | $(VENV)/.stamp-base
+	@command -v nvidia-smi >/dev/null 2>&1 || { echo "bench-gpu: nvidia-smi not found: no NVIDIA GPU here (make bench runs the CPU benchmarks)"; exit 3; }
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) || echo "torch unavailable: its contenders will be skipped"
+	$(PY) -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null || $(PIP) install --quiet "jax[cuda12]==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	touch $@
+
+bench-gpu: $(VENV)/.stamp-gpu $(VENV)/.stamp-bench
+	$(PY) benchmarks/run_all.py --gpu --quick
 
 docs: $(VENV)/.stamp-docs
 	$(VENV)/bin/mkdocs build --strict

@@ -20,6 +20,20 @@ to block on. :func:`measure` runs every contender in this process:
 Ratios are computed from medians. A contender whose package is missing (or
 that the library does not provide yet) raises :class:`Skip` from ``setup`` and
 is reported with a notice instead of failing the program.
+
+Resources and devices (:func:`select_mode`, set once by :func:`parse`):
+
+* on CPU every peer gets the cores JAX uses: torch runs with as many intra-op
+  threads as XLA's CPU thread pool has (:func:`xla_cpu_threads`: the CPUs this
+  process may run on, or ``PJRT_NPROC`` / ``NPROC`` where set), and a second,
+  1-thread torch column is timed beside it for reference; scipy and
+  scikit-learn run on one thread (they have no threaded path for these ops);
+* where JAX's default backend is a GPU, JAX arrays live on it, torch's
+  contenders run on CUDA (``torch.cuda.synchronize()`` before and after every
+  timed call), host-only peers (scipy, scikit-learn) stay on the CPU, and each
+  program takes its ``"gpu"`` sizes; a torch without CUDA is skipped with a
+  notice. ``--gpu`` demands this mode and exits with :data:`EXIT_NO_GPU`
+  where JAX has no GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import argparse
 import datetime as _dt
 import gc
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -38,11 +53,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results.jsonl"
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -56,12 +72,159 @@ _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 # Packages the user asked to treat as absent (``--without``).
 _WITHOUT: set[str] = set()
-# Intra-op threads given to torch (``--torch-threads``).
-_TORCH_THREADS = [1]
+
+# Exit status of a program asked for ``--gpu`` where JAX has no GPU.
+EXIT_NO_GPU = 3
+# Size of the array of the device-copy bandwidth reference, by size table.
+COPY_MB = {"smoke": 4, "cpu": 256, "gpu": 1024}
+# Exceptions of a torch contender's setup, first call or warm-up that skip it
+# with a notice (an op without a CUDA kernel, device memory exhausted...).
+TORCH_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, NotImplementedError, MemoryError)
 
 
 class Skip(Exception):
     """Raised by a contender's ``setup`` when it cannot run here (with the reason)."""
+
+
+class NoGPU(Exception):
+    """``--gpu`` was given where JAX's default backend is not a GPU."""
+
+
+def xla_cpu_threads() -> int:
+    """Threads of XLA's CPU intra-op pool, which XLA's CPU code and jsr's native
+    kernels run on: ``PJRT_NPROC`` or ``NPROC`` where set to a positive number
+    (XLA reads them), else the CPUs this process may run on
+    (``os.sched_getaffinity``, ``os.cpu_count()`` where that is missing)."""
+    for var in ("PJRT_NPROC", "NPROC"):
+        try:
+            n = int(os.environ.get(var, ""))
+        except ValueError:
+            continue
+        if n > 0:
+            return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Where the contenders of a run execute, and at which sizes.
+
+    Attributes:
+      platform: JAX's default backend (``"cpu"``, ``"gpu"``...).
+      sizes: the key of each program's size table: ``"smoke"``, ``"cpu"`` or
+        ``"gpu"``.
+      torch_device: ``"cpu"`` or ``"cuda"``; None where torch cannot run here
+        (``torch_note`` says why).
+      torch_note: why torch is skipped, or where it runs.
+      cpu_threads: threads of XLA's CPU pool (:func:`xla_cpu_threads`).
+      torch_threads: torch's intra-op threads on CPU.
+    """
+
+    platform: str
+    sizes: str
+    torch_device: str | None
+    torch_note: str
+    cpu_threads: int
+    torch_threads: int
+
+    @property
+    def gpu(self) -> bool:
+        return self.platform == "gpu"
+
+    @property
+    def torch_one_thread_column(self) -> bool:
+        """Whether a 1-thread torch column is timed beside the main one."""
+        return self.torch_device == "cpu" and self.torch_threads > 1
+
+    def describe(self) -> str:
+        """One line: who gets which resources."""
+        if self.gpu:
+            return (
+                f"JAX on {_device_kind()}; torch: {self.torch_note}; scipy and scikit-learn "
+                "on the host, 1 thread"
+            )
+        torch = (
+            f"torch {self.torch_threads} intra-op thread(s)"
+            + (" (and a 1-thread column beside it)" if self.torch_one_thread_column else "")
+            if self.torch_device
+            else f"torch skipped ({self.torch_note})"
+        )
+        return (
+            f"XLA's CPU pool (JAX, jsr's native kernels) {self.cpu_threads} thread(s); {torch}; "
+            "scipy and scikit-learn 1 thread"
+        )
+
+
+def select_mode(
+    platform: str,
+    *,
+    torch_installed: bool,
+    torch_cuda: bool,
+    gpu_requested: bool = False,
+    smoke: bool = False,
+    cpu_threads: int | None = None,
+    torch_threads: int | None = None,
+) -> Mode:
+    """The mode of a run on ``platform`` (JAX's default backend).
+
+    A GPU backend gives the ``"gpu"`` sizes and puts torch on CUDA where
+    ``torch_cuda`` (``torch.cuda.is_available()``), else skips torch; any
+    other backend gives the ``"cpu"`` sizes and torch on the CPU with
+    ``torch_threads`` threads (default: ``cpu_threads``, itself by default
+    :func:`xla_cpu_threads`). ``smoke`` picks the ``"smoke"`` sizes on either.
+    ``gpu_requested`` (``--gpu``) raises :class:`NoGPU` unless ``platform``
+    is ``"gpu"``.
+    """
+    if gpu_requested and platform != "gpu":
+        raise NoGPU(
+            f"--gpu: JAX's default backend is {platform!r}, not 'gpu' (no GPU here, or a "
+            "jaxlib without CUDA: pip install 'jax[cuda12]'). Run without --gpu for the CPU "
+            "benchmarks."
+        )
+    cpu_threads = cpu_threads or xla_cpu_threads()
+    torch_threads = torch_threads or cpu_threads
+    gpu = platform == "gpu"
+    sizes = "smoke" if smoke else ("gpu" if gpu else "cpu")
+    if not torch_installed:
+        device, note = None, "`torch` is not installed or disabled with --without"
+    elif gpu and not torch_cuda:
+        device, note = None, "torch has no CUDA device here (a CPU-only build?)"
+    elif gpu:
+        device, note = "cuda", "on CUDA"
+    else:
+        device, note = "cpu", f"on the CPU, {torch_threads} intra-op thread(s)"
+    return Mode(platform, sizes, device, note, cpu_threads, torch_threads)
+
+
+def pick_sizes(table: dict[str, dict[str, Any]], mode: Mode) -> dict[str, Any]:
+    """A program's sizes for ``mode``: ``table[mode.sizes]``."""
+    return dict(table[mode.sizes])
+
+
+def apply_sizes(args: argparse.Namespace, table: dict[str, dict[str, Any]]) -> None:
+    """Sets ``args``' sizes from ``table`` for the run's mode: every size at
+    ``--smoke``, else those the command line left unset (None)."""
+    for key, value in pick_sizes(table, MODE[0]).items():
+        if args.smoke or getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+# The run's mode, set by :func:`parse` (CPU defaults until then).
+MODE = [select_mode("cpu", torch_installed=True, torch_cuda=False)]
+
+
+def mode() -> Mode:
+    return MODE[0]
+
+
+def _device_kind() -> str:
+    try:
+        return jax.devices()[0].device_kind
+    except Exception:  # noqa: BLE001 - only a label
+        return jax.default_backend()
 
 
 def require(module: str) -> Any:
@@ -73,9 +236,71 @@ def require(module: str) -> Any:
         mod = importlib.import_module(module)
     except ImportError as e:
         raise Skip(f"`{module}` is not installed ({e})") from None
-    if module == "torch":
-        mod.set_num_threads(_TORCH_THREADS[0])
     return mod
+
+
+def require_torch() -> tuple[Any, Any]:
+    """``(torch, device)`` for a torch contender in this run's mode, or
+    :class:`Skip` where torch is missing or (on a GPU run) has no CUDA."""
+    m = mode()
+    torch = require("torch")
+    if m.torch_device is None:
+        raise Skip(m.torch_note)
+    if m.torch_device == "cuda" and not torch.cuda.is_available():
+        raise Skip("torch has no CUDA device here (a CPU-only build?)")
+    return torch, torch.device(m.torch_device)
+
+
+def _torch_sync() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and mode().torch_device == "cuda":
+        torch.cuda.synchronize()
+
+
+def torch_contender(
+    name: str, build: Callable[[Any, Any], Callable[[], Any]], threads: int | None = None
+) -> Contender:
+    """A torch contender: ``build(torch, device)`` returns its step.
+
+    On CPU torch runs with ``threads`` intra-op threads (default: the mode's,
+    as many as XLA's pool), set before every call outside the timed region;
+    on CUDA every timed call is synchronised. A missing torch, a torch without
+    CUDA on a GPU run, or a torch error in setup, first call or warm-up skips
+    the contender with a notice.
+    """
+
+    def n_threads() -> int:
+        return threads or mode().torch_threads
+
+    def set_threads() -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and mode().torch_device == "cpu":
+            if torch.get_num_threads() != n_threads():
+                torch.set_num_threads(n_threads())
+
+    def setup() -> Callable[[], Any]:
+        torch, device = require_torch()
+        set_threads()
+        return build(torch, device)
+
+    return Contender(
+        name, setup, jax=False, prepare=set_threads, sync=_torch_sync, guard=TORCH_ERRORS
+    )
+
+
+def torch_contenders(name: str, build: Callable[[Any, Any], Callable[[], Any]]) -> list[Contender]:
+    """:func:`torch_contender` with the mode's threads, and on CPU (with more
+    than one thread) a second one with one thread, named ``"<name>, 1 thread"``
+    (for reference: no target uses it)."""
+    cs = [torch_contender(name, build)]
+    if mode().torch_one_thread_column:
+        cs.append(torch_contender(one_thread(name), build, threads=1))
+    return cs
+
+
+def one_thread(name: str) -> str:
+    """The name of the 1-thread column of torch contender ``name``."""
+    return f"{name}, 1 thread"
 
 
 def require_attr(obj: Any, dotted: str, what: str) -> Any:
@@ -141,11 +366,21 @@ class Contender:
       setup: builds state and returns ``step()``; raises :class:`Skip` when
         unavailable. Called once.
       jax: whether the step is JAX code (compile time is then reported).
+      prepare: called before every call of the step, outside the timed
+        region (e.g. torch's thread count, which is process-wide).
+      sync: called right before and right after every timed call, inside the
+        timed region (e.g. ``torch.cuda.synchronize``: the step's device work
+        is then counted, and no earlier work is).
+      guard: exceptions that, raised by ``setup``, the first call or the
+        warm-up, skip the contender with a notice instead of failing.
     """
 
     name: str
     setup: Callable[[], Callable[[], Any]]
     jax: bool = True
+    prepare: Callable[[], None] | None = None
+    sync: Callable[[], None] | None = None
+    guard: tuple[type[BaseException], ...] = ()
 
 
 @dataclass
@@ -177,10 +412,33 @@ class Result:
         }
 
 
-def _call(step: Callable[[], Any]) -> float:
+def _call(step: Callable[[], Any], c: Contender) -> float:
+    if c.prepare is not None:
+        c.prepare()
+    if c.sync is not None:
+        c.sync()
     t0 = time.perf_counter()
     block(step())
+    if c.sync is not None:
+        c.sync()
     return time.perf_counter() - t0
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else "(no message)"
+
+
+def _release_device_memory() -> None:
+    """Collects garbage and hands torch's cached CUDA memory back (JAX's
+    arrays are freed when collected)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and mode().torch_device == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass
 
 
 def measure(
@@ -209,36 +467,47 @@ def measure(
         raise ValueError(f"rounds must be 1 with interleave, else >= 1; got {rounds}")
     # in the contenders' order, whatever order the rounds time them in
     results: dict[str, Result] = {c.name: Result(c.name) for c in contenders}
+    by_name = {c.name: c for c in contenders}
     started: set[str] = set()
     steps: dict[str, Callable[[], Any]] = {}
+
+    def skip(res: Result, why: str) -> None:
+        res.skipped = why
+        print(f"  [skip] {res.name}: {why}", flush=True)
 
     def start(c: Contender) -> None:
         again = c.name in started  # a later round: set up afresh, reported once
         started.add(c.name)
         res = results[c.name]
         try:
+            if c.prepare is not None:
+                c.prepare()
             step = c.setup()
+            with _CompileMonitor() as mon:
+                first_s = _call(step, c)
+            if not again:
+                res.first_s = first_s
+                if c.jax:
+                    res.compile_s = mon.seconds
+                res.compiles_first = mon.compiles
+            with _CompileMonitor() as mon:
+                for _ in range(warmup):
+                    _call(step, c)
         except Skip as e:
-            res.skipped = str(e)
-            print(f"  [skip] {c.name}: {e}", flush=True)
+            skip(res, str(e))
             return
-        with _CompileMonitor() as mon:
-            first_s = _call(step)
-        if not again:
-            res.first_s = first_s
-            if c.jax:
-                res.compile_s = mon.seconds
-            res.compiles_first = mon.compiles
-        with _CompileMonitor() as mon:
-            for _ in range(warmup):
-                _call(step)
+        except c.guard as e:
+            res.times.clear()
+            skip(res, f"{type(e).__name__}: {_first_line(e)}")
+            _release_device_memory()
+            return
         res.compiles_timed += mon.compiles
         steps[c.name] = step
 
     def timed(name: str) -> None:
         res = results[name]
         with _CompileMonitor() as mon:
-            res.times.append(_call(steps[name]))
+            res.times.append(_call(steps[name], by_name[name]))
         res.compiles_timed += mon.compiles
 
     def wants_more(name: str, part: int = rounds) -> bool:
@@ -276,9 +545,9 @@ def measure(
                     while wants_more(c.name, part):
                         timed(c.name)
                     del steps[c.name]
-                    gc.collect()
+                    _release_device_memory()
     steps.clear()
-    gc.collect()
+    _release_device_memory()
     return results
 
 
@@ -393,6 +662,92 @@ def print_targets(checks: list[dict[str, Any]]) -> None:
     sys.stdout.flush()
 
 
+COPY = "device copy (x = x + 1, in place)"
+
+
+def copy_contender(mb: float) -> Contender:
+    """``x = x + 1`` on a float32 array of ``mb`` MB on JAX's default device,
+    donated (in place): a stream that reads and writes every byte once, the
+    reference of the memory-traffic figures. In place, because a fresh
+    result of that size would be a fresh ``mmap`` on CPU, page-faulted in on
+    every call."""
+
+    def setup():
+        n = int(mb * 2**20) // 4
+        box = [block(jax.jit(lambda: jnp.arange(n, dtype=jnp.float32))())]
+        f = jax.jit(lambda a: a + 1, donate_argnums=0)
+
+        def step():
+            box[0] = f(box[0])
+            return box[0]
+
+        return step
+
+    return Contender(COPY, setup)
+
+
+def copy_bandwidth(runs: int, budget_s: float) -> tuple[float, float]:
+    """``(GB/s, MB)`` of :func:`copy_contender` at this mode's size
+    (:data:`COPY_MB`): bytes read + written over the median time."""
+    mb = COPY_MB[mode().sizes]
+    res = measure([copy_contender(mb)], runs, budget_s=budget_s)[COPY]
+    return 2 * mb * 2**20 / res.median / 1e9, mb
+
+
+def gbps(nbytes: float, r: Result | None) -> float | None:
+    """``nbytes`` over ``r``'s median time, in GB/s (None if not timed)."""
+    if r is None or not r.times:
+        return None
+    return nbytes / r.median / 1e9
+
+
+def print_bandwidth(
+    rep: Report,
+    title: str,
+    results: dict[str, Result],
+    nbytes: dict[str, float],
+    what: str,
+    summarise: Sequence[str] = (),
+    show: bool = True,
+) -> list[dict[str, Any]]:
+    """Prints and records the memory traffic of a table's contenders: the
+    bytes a call must move at least (``nbytes[name]``, ``what`` says which)
+    over its median time, in GB/s and as a fraction of the device copy's
+    bandwidth (:meth:`Report.copy`). The rows of ``summarise`` (the floors)
+    also go to ``run_all.py``'s summary table. ``show=False`` records without printing. Returns the
+    rows recorded."""
+    copy = rep.record.get("copy")
+    if show:
+        print(f"\nmemory traffic, {title}: {what}")
+    if copy and show:
+        print(
+            f"  {COPY} of {copy['mb']:g} MB: {copy['gbps']:.1f} GB/s "
+            "(bytes read + written / median time)"
+        )
+    rows = []
+    for name, b in nbytes.items():
+        g = gbps(b, results.get(name))
+        if g is None:
+            continue
+        share = g / copy["gbps"] if copy else None
+        rows.append(
+            {
+                "table": title,
+                "name": name,
+                "mb": b / 2**20,
+                "gbps": g,
+                "of_copy": share,
+                "summary": name in summarise,
+            }
+        )
+        of = "" if share is None else f" = {share:.2f} of the copy's"
+        if show:
+            print(f"  {name:<46} {b / 2**20:9.2f} MB per call {g:8.2f} GB/s{of}")
+    rep.record["bandwidth"].extend(rows)
+    sys.stdout.flush()
+    return rows
+
+
 def git_state() -> dict[str, Any]:
     """HEAD commit of the checkout and whether the library has uncommitted edits."""
     root = Path(__file__).resolve().parent.parent
@@ -413,7 +768,7 @@ def git_state() -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    return {
+    info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -421,8 +776,14 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "device_kind": _device_kind(),
+        "mode": asdict(mode()),
         "git": git_state(),
     }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+    return info
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -431,6 +792,18 @@ def parser(description: str) -> argparse.ArgumentParser:
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, few runs (for the tests)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer runs (10, budget 2 s, 1 round) and the programs' quick options (a smaller "
+        "LibSVM file, fewer memory steps)",
+    )
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="require JAX's default backend to be a GPU (exit status 3 otherwise); a GPU "
+        "backend is used, with GPU sizes and torch on CUDA, with or without this flag",
+    )
     p.add_argument("--sweep", action="store_true", help="also run the scaling sweeps")
     p.add_argument("--runs", type=int, default=None, help="timed runs per contender")
     p.add_argument(
@@ -445,18 +818,23 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=None,
         help="blocks each contender's runs are split into, each with a fresh setup, in the "
         "V sweeps of lazy_update.py and embedding_step.py, whose flat-in-V verdicts rest on "
-        "cells timed one contender at a time (default 3, 1 with --smoke)",
+        "cells timed one contender at a time (default 3, 1 with --smoke or --quick)",
     )
     p.add_argument(
         "--json", action="store_true", help=f"append one JSON line per run to {RESULTS_PATH.name}"
     )
     p.add_argument("--json-path", type=Path, default=RESULTS_PATH, help=argparse.SUPPRESS)
+    # where run_all.py collects every program's record for its summary table
+    p.add_argument("--summary-path", type=Path, default=None, help=argparse.SUPPRESS)
+    # for the tests: pick the mode (sizes, torch's device) as on this platform
+    p.add_argument("--platform", default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--torch-threads",
         type=int,
-        default=1,
-        help="torch intra-op threads (default 1: its fastest setting on a shared 2-core "
-        "machine, where 2 threads oversubscribe the cores)",
+        default=None,
+        help="torch intra-op threads on CPU (default: as many as XLA's CPU pool, i.e. the "
+        "CPUs this process may use, or PJRT_NPROC where set; a 1-thread torch column is "
+        "timed beside it)",
     )
     p.add_argument(
         "--without",
@@ -468,21 +846,62 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    args = p.parse_args(argv)
+def _torch_state(platform: str) -> tuple[bool, bool]:
+    """``(installed, cuda)`` of torch, importing it only on a GPU platform."""
+    if "torch" in _WITHOUT or importlib.util.find_spec("torch") is None:
+        return False, False
+    if platform != "gpu":
+        return True, False
+    try:
+        import torch
+
+        return True, bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken torch is a missing one
+        return False, False
+
+
+def configure(args: argparse.Namespace) -> Mode:
+    """Sets the run's ``--without`` packages and :class:`Mode` from ``args``
+    (:class:`NoGPU` for ``--gpu`` without a GPU)."""
     _WITHOUT.update(args.without)
-    _TORCH_THREADS[0] = args.torch_threads
+    # JAX allocates device memory as it goes instead of taking 75% up front,
+    # so that torch's CUDA contenders in the same process find memory.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    plat = args.platform or jax.default_backend()
+    installed, cuda = _torch_state(plat)
+    MODE[0] = select_mode(
+        plat,
+        torch_installed=installed,
+        torch_cuda=cuda,
+        gpu_requested=args.gpu,
+        smoke=args.smoke,
+        torch_threads=args.torch_threads,
+    )
+    return MODE[0]
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses the command line, sets the mode (:func:`configure`; ``--gpu``
+    without a GPU exits with :data:`EXIT_NO_GPU`), fills in the run-count
+    defaults and prints the run's header."""
+    args = p.parse_args(argv)
+    try:
+        m = configure(args)
+    except NoGPU as e:
+        print(f"{Path(sys.argv[0]).name}: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_NO_GPU)
     if args.runs is None:
-        args.runs = 3 if args.smoke else 20
+        args.runs = 3 if args.smoke else (10 if args.quick else 20)
     if args.budget is None:
-        args.budget = 1.0 if args.smoke else 8.0
+        args.budget = 1.0 if args.smoke else (2.0 if args.quick else 8.0)
     if args.rounds is None:
-        args.rounds = 1 if args.smoke else 3
+        args.rounds = 1 if args.smoke or args.quick else 3
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    shown = f"{m.sizes} sizes" + (", quick" if args.quick else "")
     print(
         f"# {Path(sys.argv[0]).name}: jax {jax.__version__} on {jax.default_backend()}, "
-        f"{os.cpu_count()} CPUs, {platform.platform()}" + (" [smoke sizes]" if args.smoke else ""),
+        f"{os.cpu_count()} CPUs, {platform.platform()} [{shown}]\n# resources: {m.describe()}",
         flush=True,
     )
     return args
@@ -499,11 +918,20 @@ class Report:
             "benchmark": benchmark,
             "machine": machine_info(),
             "smoke": bool(args.smoke),
-            "config": dict(config, torch_threads=args.torch_threads),
+            "quick": bool(getattr(args, "quick", False)),
+            "config": dict(config, torch_threads=mode().torch_threads, sizes=mode().sizes),
             "tables": {},
             "targets": [],
+            "bandwidth": [],
             "extra": {},
         }
+
+    def copy(self) -> None:
+        """Measures and records the device copy's bandwidth
+        (:func:`copy_bandwidth`), the reference of :func:`print_bandwidth`."""
+        g, mb = copy_bandwidth(self.args.runs, self.args.budget)
+        self.record["copy"] = {"gbps": g, "mb": mb}
+        print(f"\n{COPY}, {mb:g} MB float32 on {_device_kind()}: {g:.1f} GB/s", flush=True)
 
     def table(
         self,
@@ -562,12 +990,16 @@ class Report:
             f"\n{self.benchmark}: {len(held)} target(s) PASS, {len(misses)} MISS, "
             f"{len(self.record['targets']) - len(held) - len(misses)} n/a"
         )
+        line = json.dumps(self.record, default=_json_default) + "\n"
         if self.args.json:
             path = Path(self.args.json_path)
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as f:
-                f.write(json.dumps(self.record, default=_json_default) + "\n")
+                f.write(line)
             print(f"appended a record to {path}")
+        if getattr(self.args, "summary_path", None):
+            with Path(self.args.summary_path).open("a") as f:
+                f.write(line)
 
 
 def _json_default(x: Any) -> Any:

@@ -2,7 +2,8 @@
 code against the same step written by hand with ``pull_rows`` + ``take``.
 
 Model (as in ``embedding_step.py``): ids [B = 1024, 4] into a table
-[V = 1,000,000 x D = 64] float32, sum-pool over the 4 ids, a linear head
+[V = 1,000,000 x D = 64] float32 (on a GPU: ids [16,384, 16] into
+[10,000,000 x 64]), sum-pool over the ids of each example, a linear head
 [D -> 1], MSE against a target, backward, ``jsr.optim.lazy_adam``; one jitted
 step with the parameters and optimizer state donated. Contenders:
 
@@ -13,8 +14,9 @@ step with the parameters and optimizer state donated. Contenders:
 * ``auto, jnp.take``: the loss reads ``jnp.take(params["emb"], ids, axis=0)``
   (what flax's ``Embed`` layers run), ``sparse="auto"``;
 * ``auto, shared table``: a word2vec-style loss that looks the same table up
-  twice (centre and context words), ``sparse="auto"``, against its own
-  hand-written form (one ``pull_rows`` of both id sets).
+  twice (centre word ``ids[:, 0]``, context words ``ids[:, 1:]``),
+  ``sparse="auto"``, against its own hand-written form (one ``pull_rows``
+  of both id sets).
 
 Target: each ``auto`` step within 1.25x of the time of its hand-written step
 (ratio of medians, contenders interleaved in one process). The compile time
@@ -42,8 +44,12 @@ import jaxsparse_rows as jsr  # noqa: E402
 
 LR = 1e-3
 N_BATCHES = 8
-BAG = 4  # ids per example
-CONTEXT = 4  # context words per centre word
+# table rows V, width D, examples B, ids per example, by mode (as embedding_step.py)
+SIZES = {
+    "cpu": {"vocab": 1_000_000, "dim": 64, "batch": 1024, "bag": 4},
+    "gpu": {"vocab": 10_000_000, "dim": 64, "batch": 16_384, "bag": 16},
+    "smoke": {"vocab": 5000, "dim": 8, "batch": 64, "bag": 4},
+}
 
 HAND = "hand-written (pull_rows + take)"
 AUTO = 'auto, x[ids] (sparse="auto")'
@@ -52,11 +58,11 @@ HAND_W2V = "hand-written, shared table"
 AUTO_W2V = 'auto, shared table (sparse="auto")'
 
 
-def make_batches(v: int, b: int, seed: int = 0):
+def make_batches(v: int, b: int, bag: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     return [
         (
-            jnp.asarray(rng.integers(0, v, (b, BAG)), jnp.int32),
+            jnp.asarray(rng.integers(0, v, (b, bag)), jnp.int32),
             jnp.asarray(rng.standard_normal(b), jnp.float32),
         )
         for _ in range(N_BATCHES)
@@ -126,15 +132,15 @@ def setup(v: int, d: int, batches, loss, *, by_hand: bool):
 
 def main(argv=None) -> None:
     p = h.parser(__doc__)
-    p.add_argument("--vocab", type=int, default=1_000_000, help="rows V (default 1e6)")
-    p.add_argument("--dim", type=int, default=64, help="row width D (default 64)")
-    p.add_argument("--batch", type=int, default=1024, help="examples B (default 1024)")
+    p.add_argument("--vocab", type=int, help="rows V (default 1e6 on CPU, 1e7 on GPU)")
+    p.add_argument("--dim", type=int, help="row width D (default 64)")
+    p.add_argument("--batch", type=int, help="examples B (default 1024 on CPU, 16,384 on GPU)")
+    p.add_argument("--bag", type=int, help="ids per example (default 4 on CPU, 16 on GPU)")
     args = h.parse(p, argv)
-    if args.smoke:
-        args.vocab, args.dim, args.batch = 5000, 8, 64
-    v, d, b = args.vocab, args.dim, args.batch
-    rep = h.Report("auto_sparse", args, {"V": v, "D": d, "B": b, "bag": BAG, "lr": LR})
-    batches = make_batches(v, b)
+    h.apply_sizes(args, SIZES)
+    v, d, b, bag = args.vocab, args.dim, args.batch, args.bag
+    rep = h.Report("auto_sparse", args, {"V": v, "D": d, "B": b, "bag": bag, "lr": LR})
+    batches = make_batches(v, b, bag)
     contenders = [
         h.Contender(HAND, setup(v, d, batches, loss_view, by_hand=True)),
         h.Contender(AUTO, setup(v, d, batches, loss_getitem, by_hand=False)),
@@ -149,7 +155,7 @@ def main(argv=None) -> None:
         h.Target(f"`{AUTO_TAKE}` within 1.25x of `{HAND}`", AUTO_TAKE, HAND, within),
         h.Target(f"`{AUTO_W2V}` within 1.25x of `{HAND_W2V}`", AUTO_W2V, HAND_W2V, within),
     ]
-    rep.table(f"step: V={v} x D={d} float32, B={b} x {BAG} ids, lazy_adam", res, targets, HAND)
+    rep.table(f"step: V={v} x D={d} float32, B={b} x {bag} ids, lazy_adam", res, targets, HAND)
     rep.no_recompile(res, list(res))
     rep.finish()
 

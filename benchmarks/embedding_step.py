@@ -2,31 +2,37 @@
 its compile behaviour.
 
 Model: ids [B = 1024, 4] into a table [V = 1,000,000 x D = 64]
-float32, sum-pool over the 4 ids, a linear head [D -> 1], MSE against a target,
+float32 (on a GPU: ids [16,384, 16] into [10,000,000 x 64]), sum-pool over
+the ids of each example, a linear head [D -> 1], MSE against a target,
 backward, Adam. Contenders, each one step function:
 
 * ``jsr``: ``jsr.pull_rows`` + ``jsr.take`` + ``jsr.value_and_grad`` +
   ``jsr.optim.lazy_adam`` (dense Adam for the head), one jitted donated step;
 * ``JAX dense``: ``jax.value_and_grad`` over the whole table + ``optax.adam``;
 * ``torch``: ``nn.Embedding(sparse=True)`` + ``SparseAdam`` (dense ``Adam`` for
-  the head);
+  the head), with as many threads as XLA's CPU pool (a 1-thread column
+  beside it), or on CUDA on a GPU;
 * ``hand-written JAX``: ``jnp.unique`` of the ids, gather, grad with respect
-  to the unique rows, a hand-written lazy Adam (for orientation).
+  to the unique rows, a hand-written lazy Adam (for orientation);
+* ``floor``: a step that only gathers and scatters the batch's distinct rows
+  of the table and of Adam's two moments (for orientation).
 
 Two variants of ``jsr`` are measured beside it and judged by no target: its
 step jitted with XLA:CPU's loop emitters (``jsr_lean``, timed and measured
-for memory), and its step compiled ahead of time from abstract shapes before
+for memory; CPU only), and its step compiled ahead of time from abstract shapes before
 the table and state exist (``jsr_aot``, memory only). The memory table also
-has the V sweep's gather/scatter floor (``floor``): the same three [V, D]
-arrays in a step that does nothing else, the least any JAX step needs.
+has the gather/scatter floor (``floor``): the same three [V, D] arrays in a
+step that does nothing else, the least any JAX step needs. The step table is
+followed by its memory traffic in GB/s (the bytes of the distinct rows of the
+three arrays, read and written, over the median time) beside a device copy's.
 
 Targets: the jsr step at least 30x faster than JAX dense and at least 1.8x
 faster than torch; peak resident memory of 100 steps (each path in its own
 subprocess; ``VmHWM`` where Linux has it, else ``ru_maxrss``; the first,
 compiling step included, and also reported without it) no more than
-(params + optimizer state) x 1.1 + 200 MB; compile time per step function
-reported, and no compilation after the first step (each timed step uses a
-different batch of ids of the same shape).
+(params + optimizer state) x 1.1 + 200 MB (a host measure: not taken on
+GPU); compile time per step function reported, and no compilation after the
+first step (each timed step uses a different batch of ids of the same shape).
 ``--sweep`` adds V from 1e4 to 1e7 at B = 1024 (with a gather/scatter floor:
 the step must not grow more than 1.25x as fast as the floor) and B from 64 to 16,384 (up to
 65,536 looked-up rows) at V = 1e6.
@@ -59,7 +65,12 @@ import jaxsparse_rows as jsr  # noqa: E402
 
 LR = 1e-3
 N_BATCHES = 8
-BAG = 4  # ids per example
+# table rows V, width D, examples per batch B, ids per example, by mode
+SIZES = {
+    "cpu": {"vocab": 1_000_000, "dim": 64, "batch": 1024, "bag": 4},
+    "gpu": {"vocab": 10_000_000, "dim": 64, "batch": 16_384, "bag": 16},
+    "smoke": {"vocab": 5000, "dim": 8, "batch": 32, "bag": 4},
+}
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
 JSR = "jsr (pull_rows + lazy_adam)"
@@ -84,11 +95,11 @@ TIMED_PATHS = {**PATHS, "jsr_lean": JSR_LEAN}
 ALL_PATHS = {**TIMED_PATHS, "jsr_aot": JSR_AOT, "floor": FLOOR}
 
 
-def make_batches(v: int, b: int, seed: int = 0):
+def make_batches(v: int, b: int, bag: int = 4, seed: int = 0):
     rng = np.random.default_rng(seed)
     return [
         (
-            rng.integers(0, v, (b, BAG)).astype(np.int32),
+            rng.integers(0, v, (b, bag)).astype(np.int32),
             rng.standard_normal(b).astype(np.float32),
         )
         for _ in range(N_BATCHES)
@@ -127,6 +138,8 @@ def cycling(step_fn, state, batches):
 
 
 def jsr_setup(v: int, d: int, batches, compiler_options=None, ahead_of_time=False):
+    if compiler_options and h.mode().gpu:
+        raise h.Skip("XLA:CPU's loop emitters: a CPU compiler option")
     opt = h.require_attr(jsr, "optim.lazy_adam", JSR)(LR)
     apply = h.require_attr(jsr, "optim.apply_updates", JSR)
 
@@ -210,16 +223,23 @@ def hand_setup(v: int, d: int, batches):
     return jax.jit(step, donate_argnums=(0, 1)), (params, state)
 
 
-def torch_setup(v: int, d: int, batches):
-    torch = h.require("torch")
-    emb = torch.nn.Embedding(v, d, sparse=True)
-    lin = torch.nn.Linear(d, 1)
+def torch_build(v: int, d: int, batches):
+    """``build(torch, device)`` of the torch step (see ``h.torch_contender``)."""
+    return lambda torch, device: torch_setup(torch, device, v, d, batches)
+
+
+def torch_setup(torch, device, v: int, d: int, batches):
+    emb = torch.nn.Embedding(v, d, sparse=True, device=device)
+    lin = torch.nn.Linear(d, 1, device=device)
     with torch.no_grad():
         emb.weight.mul_(0.01)
     opt_e = torch.optim.SparseAdam(list(emb.parameters()), lr=LR)
     opt_h = torch.optim.Adam(list(lin.parameters()), lr=LR)
     pool = itertools.cycle(
-        [(torch.from_numpy(i.astype(np.int64)), torch.from_numpy(y)) for i, y in batches]
+        [
+            (torch.from_numpy(i.astype(np.int64)).to(device), torch.from_numpy(y).to(device))
+            for i, y in batches
+        ]
     )
 
     def step():
@@ -276,22 +296,35 @@ SETUPS = {
     "jsr_aot": functools.partial(jsr_setup, ahead_of_time=True),
     "dense": dense_setup,
     "hand": hand_setup,
-    "torch": torch_setup,
 }
 
 
 def contender(key: str, v: int, d: int, batches) -> h.Contender:
     if key == "floor":
         return h.Contender(FLOOR, lambda: floor_setup(v, d, batches))
+    if key == "torch":
+        return h.torch_contender(TORCH, torch_build(v, d, batches))
 
     def setup():
-        out = SETUPS[key](v, d, batches)
-        if key == "torch":
-            return out
-        f, state = out
+        f, state = SETUPS[key](v, d, batches)
         return cycling(f, state, batches)
 
-    return h.Contender(ALL_PATHS[key], setup, jax=key != "torch")
+    return h.Contender(ALL_PATHS[key], setup)
+
+
+def timed_contenders(v: int, d: int, batches) -> list[h.Contender]:
+    """The step table: every timed path, the floor, and on CPU torch's
+    1-thread column."""
+    cs = [contender(k, v, d, batches) for k in TIMED_PATHS]
+    cs.append(contender("floor", v, d, batches))
+    if h.mode().torch_one_thread_column:
+        cs.append(h.torch_contender(h.one_thread(TORCH), torch_build(v, d, batches), threads=1))
+    return cs
+
+
+def distinct_rows(batches) -> float:
+    """The mean count of distinct ids in a batch of the pool."""
+    return float(np.mean([len(np.unique(ids)) for ids, _ in batches]))
 
 
 LOOKUP_JSR = "jsr.take(table, ids)"
@@ -313,10 +346,9 @@ def lookup_contenders(v: int, d: int, batches) -> list[h.Contender]:
 
         return setup
 
-    def torch_lookup():
-        torch = h.require("torch")
-        weight = torch.randn(v, d) * 0.01
-        ids = itertools.cycle([torch.from_numpy(i.astype(np.int64)) for i in pool])
+    def torch_lookup(torch, device):
+        weight = torch.randn(v, d, device=device) * 0.01
+        ids = itertools.cycle([torch.from_numpy(i.astype(np.int64)).to(device) for i in pool])
 
         def call():
             with torch.no_grad():
@@ -327,7 +359,7 @@ def lookup_contenders(v: int, d: int, batches) -> list[h.Contender]:
     return [
         h.Contender(LOOKUP_JSR, jax_setup(lambda t, i: jsr.take(t, i))),
         h.Contender("jnp: table[ids] (XLA gather)", jax_setup(lambda t, i: t[i])),
-        h.Contender("torch F.embedding", torch_lookup, jax=False),
+        *h.torch_contenders("torch F.embedding", torch_lookup),
     ]
 
 
@@ -391,7 +423,7 @@ def _peak_mb() -> dict:
     return {"ru_maxrss_mb": ru, "vmhwm_mb": hwm, "peak_mb": ru if hwm is None else hwm}
 
 
-def memory_child(key: str, v: int, d: int, b: int, steps: int) -> None:
+def memory_child(key: str, v: int, d: int, b: int, bag: int, steps: int) -> None:
     """Runs ``steps`` steps of one path and prints its peak RSS as JSON.
 
     Two peaks: ``peak_mb`` over all the steps, the first one (which compiles
@@ -400,7 +432,7 @@ def memory_child(key: str, v: int, d: int, b: int, steps: int) -> None:
     ``/proc/self/clear_refs`` both fall back to the whole process's peak.
     """
     base = _proc_status_mb("VmRSS") or _peak_mb()["peak_mb"]
-    batches = make_batches(v, b)
+    batches = make_batches(v, b, bag)
     try:
         step = contender(key, v, d, batches).setup()
     except h.Skip as e:
@@ -438,7 +470,7 @@ def memory_child(key: str, v: int, d: int, b: int, steps: int) -> None:
     )
 
 
-def run_memory(rep: h.Report, v: int, d: int, b: int, steps: int, keys, without) -> None:
+def run_memory(rep: h.Report, v: int, d: int, b: int, bag: int, steps: int, keys, without) -> None:
     state_mb = 3 * v * d * 4 / 2**20  # params + Adam's two moments (the head is negligible)
     budget = state_mb * 1.1 + 200
     print(f"\n## peak resident memory over {steps} steps (each path in a subprocess, VmHWM)")
@@ -465,12 +497,14 @@ def run_memory(rep: h.Report, v: int, d: int, b: int, steps: int, keys, without)
             str(d),
             "--batch",
             str(b),
+            "--bag",
+            str(bag),
             "--steps",
             str(steps),
         ]
         for w in without:
             cmd += ["--without", w]
-        cmd += ["--torch-threads", str(h._TORCH_THREADS[0])]
+        cmd += ["--torch-threads", str(h.mode().torch_threads)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {key} failed:\n{proc.stderr[-3000:]}")
@@ -504,10 +538,15 @@ def run_memory(rep: h.Report, v: int, d: int, b: int, steps: int, keys, without)
 
 def main(argv=None) -> None:
     p = h.parser(__doc__)
-    p.add_argument("--vocab", type=int, default=1_000_000, help="table rows V (default 1e6)")
-    p.add_argument("--dim", type=int, default=64, help="embedding width D (default 64)")
-    p.add_argument("--batch", type=int, default=1024, help="examples per batch B (default 1024)")
-    p.add_argument("--steps", type=int, default=100, help="steps of the memory runs")
+    p.add_argument("--vocab", type=int, help="table rows V (default 1e6 on CPU, 1e7 on GPU)")
+    p.add_argument("--dim", type=int, help="embedding width D (default 64)")
+    p.add_argument(
+        "--batch", type=int, help="examples per batch B (default 1024 on CPU, 16,384 on GPU)"
+    )
+    p.add_argument("--bag", type=int, help="ids per example (default 4 on CPU, 16 on GPU)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="steps of the memory runs (default 100, 20 quick)"
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     p.add_argument(
         "--memory-paths",
@@ -520,44 +559,62 @@ def main(argv=None) -> None:
     p.add_argument("--memory-child", choices=sorted(ALL_PATHS), help=h.argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
-        h._WITHOUT.update(args.without)
-        h._TORCH_THREADS[0] = args.torch_threads
-        memory_child(args.memory_child, args.vocab, args.dim, args.batch, args.steps)
+        h.configure(args)
+        memory_child(args.memory_child, args.vocab, args.dim, args.batch, args.bag, args.steps)
         return
     args = h.parse(p, argv)
+    h.apply_sizes(args, SIZES)
+    if args.steps is None:
+        args.steps = 20 if args.quick else 100
+    if args.smoke:
+        args.steps = min(args.steps, 5)
     if args.steps < 2:
         p.error(f"--steps must be at least 2 (the first step compiles), got {args.steps}")
-    if args.smoke:
-        args.vocab, args.dim, args.batch, args.steps = 5000, 8, 32, 5
-    v, d, b = args.vocab, args.dim, args.batch
-    rep = h.Report("embedding_step", args, {"V": v, "D": d, "B": b, "bag": BAG, "lr": LR})
-    batches = make_batches(v, b)
-    res = h.measure(
-        [contender(k, v, d, batches) for k in TIMED_PATHS], args.runs, budget_s=args.budget
-    )
-    rep.table(
-        f"step: ids [{b}, {BAG}] into [{v} x {d}], sum-pool, linear, MSE, Adam",
-        res,
-        TARGETS,
-        reference=JSR,
-    )
+    v, d, b, bag = args.vocab, args.dim, args.batch, args.bag
+    rep = h.Report("embedding_step", args, {"V": v, "D": d, "B": b, "bag": bag, "lr": LR})
+    batches = make_batches(v, b, bag)
+    rep.copy()
+    res = h.measure(timed_contenders(v, d, batches), args.runs, budget_s=args.budget)
+    title = f"step: ids [{b}, {bag}] into [{v} x {d}], sum-pool, linear, MSE, Adam"
+    rep.table(title, res, TARGETS, reference=JSR)
     print("\nCompilation (target 5: each step function compiles on its first call only):")
     rep.no_recompile(res, [JSR, JSR_LEAN, DENSE, HAND])
-    del res
-    res = h.measure(lookup_contenders(v, d, batches), args.runs, budget_s=args.budget)
-    rep.table(
-        f"lookup only (inference): ids [{b}, {BAG}] into [{v} x {d}]", res, reference=LOOKUP_JSR
+    u = distinct_rows(batches)
+    step_bytes = 4 * (6 * u * d + b * bag + b)
+    h.print_bandwidth(
+        rep,
+        title,
+        res,
+        {n: step_bytes for n in (JSR, JSR_LEAN, HAND, TORCH, h.one_thread(TORCH), FLOOR)},
+        f"the bytes of the step's row moves (read + write the {u:.0f} distinct rows of the "
+        "table and both moments, read the ids and targets) / median time",
+        summarise=[FLOOR],
     )
     del res
-    if not args.no_memory:
+    res = h.measure(lookup_contenders(v, d, batches), args.runs, budget_s=args.budget)
+    title = f"lookup only (inference): ids [{b}, {bag}] into [{v} x {d}]"
+    rep.table(title, res, reference=LOOKUP_JSR)
+    h.print_bandwidth(
+        rep,
+        title,
+        res,
+        {n: 4 * b * bag * (2 * d + 1) for n in res},
+        "the bytes of the lookup (read a row per id, write the result, read the ids) / median time",
+    )
+    del res
+    if args.no_memory:
+        pass
+    elif h.mode().gpu:
+        print("\npeak resident memory: a host measure, not taken on GPU")
+    else:
         keys = [k.strip() for k in args.memory_paths.split(",") if k.strip() in ALL_PATHS]
-        run_memory(rep, v, d, b, args.steps, keys, args.without)
+        run_memory(rep, v, d, b, bag, args.steps, keys, args.without)
 
     if args.sweep:
         vs = [1000, 10_000, 100_000] if args.smoke else [10_000, 100_000, 1_000_000, 10_000_000]
         rows = []
         for vv in vs:
-            bt = make_batches(vv, b)
+            bt = make_batches(vv, b, bag)
             keys = ["jsr", "floor", "torch", "hand"] + (["dense"] if vv <= max(v, 10_000) else [])
             cs = [contender(k, vv, d, bt) for k in keys]
             # One contender at a time in every cell, as the 10^7 cell must be
@@ -572,10 +629,10 @@ def main(argv=None) -> None:
         bs = [8, 32, 128] if args.smoke else [64, 256, 1024, 4096, 16_384]
         rows = []
         for bb in bs:
-            bt = make_batches(v, bb)
+            bt = make_batches(v, bb, bag)
             cs = [contender(k, v, d, bt) for k in ("jsr", "torch", "hand")]
             rows.append((bb, h.measure(cs, args.runs, budget_s=args.budget)))
-        rep.add("sweep_B", h.sweep_table(f"sweep: batch B (B x {BAG} ids) at V={v}", "B", rows))
+        rep.add("sweep_B", h.sweep_table(f"sweep: batch B (B x {bag} ids) at V={v}", "B", rows))
     rep.finish()
 
 

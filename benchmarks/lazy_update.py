@@ -3,8 +3,10 @@
 the dense optax update on the densified gradient, torch's sparse optimizers and
 the gather/scatter floor.
 
-Default workload: parameters [V = 1,000,000 x D = 64] float32, a
-RowSparse gradient with K = 4096 distinct rows. Every JAX step is one jitted
+Default workload on CPU: parameters [V = 1,000,000 x D = 64] float32, a
+RowSparse gradient with K = 4096 distinct rows; on a GPU, V = 10,000,000 and
+K = 262,144 (the table, the state and the gradients on the device, torch's
+optimizers on CUDA). Every JAX step is one jitted
 function with the parameters and optimizer state donated, doing update + apply.
 The floor is a jitted, donated step that only gathers and scatters those K rows
 of the parameters and of each state array, in two implementations: XLA's
@@ -15,8 +17,17 @@ not the least work a machine could do: a fused loop over the rows outside
 JAX would be faster still. A pool of gradients with different rows is cycled
 so no contender keeps its rows in cache.
 
+jsr's row kernels are CPU-only (on a GPU its lazy steps run fused Pallas
+kernels, timed rule by rule in ``fused_rows.py``, and its row moves are
+XLA's), so on a GPU the floor is XLA's alone. Each table is followed by its
+memory traffic: the bytes the update must move (read and write the K rows of
+every array, read the gradient) over the median time, in GB/s, beside a
+device copy's bandwidth.
+
 Targets, for each optimizer: at least 40x faster than dense optax, at least 1.8x
-faster than the torch sparse optimizer, within 1.25x of the faster floor.
+faster than the torch sparse optimizer (torch with as many threads as XLA's
+CPU pool; a 1-thread torch column is timed beside it), within 1.25x of the
+faster floor.
 ``--sweep`` adds V from 1e4 to 1e7 at fixed K (the lazy step must stay flat in
 V: its time may grow with V no more than 1.25x as fast as the XLA floor's,
 whose growth is cache and TLB misses alone; every cell of this sweep times one
@@ -48,6 +59,12 @@ import jaxsparse_rows as jsr  # noqa: E402
 
 LR = 1e-3
 N_GRADS = 8  # size of the pool of gradients cycled through
+# rows V, row width D, distinct rows K, by mode
+SIZES = {
+    "cpu": {"vocab": 1_000_000, "dim": 64, "touched": 4096},
+    "gpu": {"vocab": 10_000_000, "dim": 64, "touched": 262_144},
+    "smoke": {"vocab": 5000, "dim": 8, "touched": 64},
+}
 
 
 @dataclass
@@ -163,6 +180,8 @@ def _jsr_rows():
     """The row gather/scatter jsr's lazy steps use (its native CPU kernels where
     built, else the same XLA ops); private API, for this comparison only."""
     moves = h.require("jaxsparse_rows._rowops")
+    if h.mode().gpu:
+        raise h.Skip("jsr's row kernels are CPU-only: on GPU its row moves are XLA's")
     if not jsr.native_kernels_enabled():
         raise h.Skip("jsr's native kernels are not built or are turned off")
     return functools.partial(moves.gather_rows, ids_sorted=True), moves.scatter_rows
@@ -226,18 +245,20 @@ def handwritten_lazy_adam(name: str, w: Workload) -> h.Contender:
 # ------------------------------------------------------------------------- torch
 
 
-def torch_contender(name: str, make_opt: Callable, w: Workload) -> h.Contender:
-    def setup():
-        torch = h.require("torch")
-        param = torch.nn.Parameter(torch.randn(w.v, w.d) * 0.01)
+def torch_contenders(name: str, make_opt: Callable, w: Workload) -> list[h.Contender]:
+    """The torch optimizer on a sparse gradient, on the mode's device (and on
+    CPU a 1-thread column beside it, see ``h.torch_contenders``)."""
+
+    def build(torch, device):
+        param = torch.nn.Parameter(torch.randn(w.v, w.d, device=device) * 0.01)
         opt = make_opt(torch, param)
         grads = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse invariant checks are disabled"
             for idx, data in w.grads:
                 g = torch.sparse_coo_tensor(
-                    torch.from_numpy(idx.astype(np.int64))[None],
-                    torch.from_numpy(data),
+                    torch.from_numpy(idx.astype(np.int64))[None].to(device),
+                    torch.from_numpy(data).to(device),
                     (w.v, w.d),
                 )
                 grads.append(g.coalesce())
@@ -249,7 +270,7 @@ def torch_contender(name: str, make_opt: Callable, w: Workload) -> h.Contender:
 
         return step
 
-    return h.Contender(name, setup, jax=False)
+    return h.torch_contenders(name, build)
 
 
 # ----------------------------------------------------------------------- tables
@@ -318,12 +339,15 @@ FAMILIES = [
 ]
 
 
-def family_contenders(fam: Family, w: Workload, *, dense: bool = True, torch: bool = True):
+def family_contenders(
+    fam: Family, w: Workload, *, dense: bool = True, torch: bool = True, one_thread: bool = True
+):
     cs = [jsr_contender(fam.jsr_name, fam.jsr_factory, w, **fam.jsr_kwargs)]
     if dense:
         cs.append(dense_contender(fam.dense_name, fam.dense(), w))
     if torch and fam.torch_name:
-        cs.append(torch_contender(fam.torch_name, fam.torch_make, w))
+        made = torch_contenders(fam.torch_name, fam.torch_make, w)
+        cs.extend(made if one_thread else made[:1])
     cs.append(floor_contender(f"floor ({fam.key})", w, fam.floor_full, fam.floor_rowwise))
     cs.append(
         floor_contender(
@@ -333,6 +357,14 @@ def family_contenders(fam: Family, w: Workload, *, dense: bool = True, torch: bo
     if fam.key == "adam":
         cs.append(handwritten_lazy_adam("hand-written lazy adam (jnp)", w))
     return cs
+
+
+def update_bytes(fam: Family, w: Workload) -> int:
+    """The bytes a lazy update must move at least: read and write the K rows of
+    the parameters and of every state array, read the gradient (values and
+    ids); float32 values, int32 ids."""
+    rows = fam.floor_full * w.k * w.d + fam.floor_rowwise * w.k
+    return 4 * (2 * rows + w.k * w.d + w.k)
 
 
 def family_targets(fam: Family) -> list[h.Target]:
@@ -356,32 +388,41 @@ def family_targets(fam: Family) -> list[h.Target]:
 
 def main(argv=None) -> None:
     p = h.parser(__doc__)
-    p.add_argument("--vocab", type=int, default=1_000_000, help="rows V (default 1e6)")
-    p.add_argument("--dim", type=int, default=64, help="row width D (default 64)")
-    p.add_argument("--touched", type=int, default=4096, help="distinct rows K (default 4096)")
+    p.add_argument("--vocab", type=int, help="rows V (default 1e6 on CPU, 1e7 on GPU)")
+    p.add_argument("--dim", type=int, help="row width D (default 64)")
+    p.add_argument(
+        "--touched", type=int, help="distinct rows K (default 4096 on CPU, 262,144 on GPU)"
+    )
     p.add_argument(
         "--optimizers",
         default="adam,sgd,adagrad,rowwise_adagrad",
         help="comma-separated subset of adam,sgd,adagrad,rowwise_adagrad",
     )
     args = h.parse(p, argv)
-    if args.smoke:
-        args.vocab, args.dim, args.touched = 5000, 8, 64
+    h.apply_sizes(args, SIZES)
     keys = [k.strip() for k in args.optimizers.split(",") if k.strip()]
     fams = [f for f in FAMILIES if f.key in keys]
     rep = h.Report(
         "lazy_update", args, {"V": args.vocab, "D": args.dim, "K": args.touched, "lr": LR}
     )
     w = make_workload(args.vocab, args.dim, args.touched)
+    rep.copy()
     for fam in fams:
         res = h.measure(family_contenders(fam, w), args.runs, budget_s=args.budget)
-        rep.table(
-            f"{fam.key}: V={w.v} x D={w.d} float32, K={w.k} rows",
-            res,
-            family_targets(fam),
-            reference=fam.jsr_name,
-        )
+        title = f"{fam.key}: V={w.v} x D={w.d} float32, K={w.k} rows"
+        rep.table(title, res, family_targets(fam), reference=fam.jsr_name)
         rep.no_recompile(res, [fam.jsr_name])
+        floors = [f"floor ({fam.key})", f"floor, jsr row kernels ({fam.key})"]
+        moved = [fam.jsr_name, *floors, *(n for n in res if n.startswith("torch"))]
+        h.print_bandwidth(
+            rep,
+            title,
+            res,
+            {n: update_bytes(fam, w) for n in moved},
+            "the bytes of the lazy update (read + write the K rows of every array, read the "
+            "gradient) / median time",
+            summarise=floors,
+        )
 
     if args.sweep:
         fam = next((f for f in fams if f.key == "adam"), fams[0])
@@ -390,7 +431,9 @@ def main(argv=None) -> None:
         rows = []
         for v in vs:
             wv = make_workload(v, args.dim, k_fixed)
-            cs = family_contenders(fam, wv, dense=v <= max(args.vocab, 10_000), torch=True)
+            cs = family_contenders(
+                fam, wv, dense=v <= max(args.vocab, 10_000), torch=True, one_thread=False
+            )
             # Every cell one contender at a time, as the 10^7 cell must be (its
             # states do not fit together): interleaved cells read up to 1.6x
             # slower, so mixing the two modes bent the growth the verdict uses.
@@ -407,7 +450,7 @@ def main(argv=None) -> None:
         rows = []
         for k in ks:
             wk = make_workload(args.vocab, args.dim, k)
-            cs = family_contenders(fam, wk, dense=False)
+            cs = family_contenders(fam, wk, dense=False, one_thread=False)
             rows.append((k, h.measure(cs, args.runs, budget_s=args.budget)))
         rep.add("sweep_K", h.sweep_table(f"sweep {fam.key}: K at V={args.vocab}", "K", rows))
     rep.finish()

@@ -12,6 +12,14 @@ both on the same operands, for rows from 4 to 256 bytes (float32, D = 1 to
 Default workload: a table of V = 1,000,000 rows, K = 65,536 ids (sorted,
 distinct, different ones every call from a pool of 8; random with repeats for
 the sum of rows), every step jitted and, for the scatters, the table donated.
+On a GPU, where the native kernels do not exist (the library runs XLA's ops
+there), only XLA's ops are timed, on V = 10,000,000 rows with K = 262,144
+ids.
+
+Each op's table is followed by its memory traffic at every D: the bytes the
+op must move (the K rows read and written, the ids; the sum of rows also
+writes its whole [V, D] result) over the median time, in GB/s beside a
+device copy's.
 
 No targets: the targets are on whole steps (``lazy_update.py``,
 ``embedding_step.py``); this table is for the kernels' maintainers. The
@@ -47,6 +55,27 @@ from jaxsparse_rows._rowops import (  # noqa: E402
 
 N_POOL = 8  # id sets cycled through, so no call finds the last call's rows in cache
 OPS = ("gather", "scatter-set", "scatter-add", "sum of rows")
+# table rows V, ids K per call, row widths D, by mode
+SIZES = {
+    "cpu": {"vocab": 1_000_000, "touched": 65_536, "dims": "1,2,4,8,16,64"},
+    "gpu": {"vocab": 10_000_000, "touched": 262_144, "dims": "1,2,4,8,16,64"},
+    "smoke": {"vocab": 2000, "touched": 256, "dims": "1,4,16"},
+}
+
+
+def random_table(v: int, d: int, seed: int) -> jax.Array:
+    """A [v, d] float32 table built on the device (no host copy)."""
+    return jax.jit(lambda k: jax.random.normal(k, (v, d), jnp.float32))(jax.random.key(seed))
+
+
+def op_bytes(op: str, v: int, d: int, k: int) -> int:
+    """The bytes ``op`` must move at least: the K rows read (gather: from the
+    table; scatters: the new rows, and for scatter-add the table's rows too;
+    sum of rows: the rows), the rows written, the int32 ids; the sum of rows
+    also writes its whole [V, D] result."""
+    rows = 4 * k * d
+    moved = {"gather": 2 * rows, "scatter-set": 2 * rows, "scatter-add": 3 * rows}
+    return moved.get(op, rows + 4 * v * d) + 4 * k
 
 
 def _id_pool(v: int, k: int, sorted_unique: bool, seed: int = 0) -> list[jax.Array]:
@@ -64,11 +93,13 @@ def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
     rng = np.random.default_rng(1)
 
     def setup(native: bool):
+        if native and h.mode().gpu:
+            raise h.Skip("the native kernels are CPU-only: on GPU the library runs XLA's ops")
         if native and not _native.native_kernels_enabled():
             raise h.Skip(f"native kernels unavailable: {_native.native_kernels_status()}")
         rows = jnp.asarray(rng.standard_normal((k, d), dtype=np.float32))
         if op == "gather":
-            table = jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))
+            table = random_table(v, d, 2)
             f = jax.jit(
                 functools.partial(gather_rows if native else gather_rows_xla, ids_sorted=True)
             )
@@ -81,7 +112,7 @@ def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
             pool = itertools.cycle(_id_pool(v, k, False))
             return lambda: f(rows, next(pool))
         add = op == "scatter-add"
-        state = [jnp.asarray(rng.standard_normal((v, d), dtype=np.float32))]
+        state = [random_table(v, d, 3)]
         if native:
             scatter = functools.partial(scatter_rows, add=add)
         else:
@@ -103,22 +134,24 @@ def contenders(op: str, v: int, d: int, k: int) -> list[h.Contender]:
 
 def main(argv=None) -> None:
     p = h.parser(__doc__)
-    p.add_argument("--vocab", type=int, default=1_000_000, help="table rows V (default 1e6)")
-    p.add_argument("--touched", type=int, default=65_536, help="ids K per call (default 65536)")
+    p.add_argument("--vocab", type=int, help="table rows V (default 1e6 on CPU, 1e7 on GPU)")
     p.add_argument(
-        "--dims", default="1,2,4,8,16,64", help="comma-separated row widths D (float32 values)"
+        "--touched", type=int, help="ids K per call (default 65,536 on CPU, 262,144 on GPU)"
+    )
+    p.add_argument(
+        "--dims", help="comma-separated row widths D (float32 values; default 1,2,4,8,16,64)"
     )
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
     args = h.parse(p, argv)
+    h.apply_sizes(args, SIZES)
     dims = [int(x) for x in args.dims.split(",") if x.strip()]
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for o in ops:
         if o not in OPS:
             p.error(f"--ops: unknown op {o!r}; expected a subset of {OPS}")
-    if args.smoke:
-        args.vocab, args.touched, dims = 2000, 256, [1, 4, 16]
     v, k = args.vocab, args.touched
     rep = h.Report("row_kernels", args, {"vocab": v, "touched": k, "dims": dims, "ops": ops})
+    rep.copy()
     print(f"\ntable [{v} x D] float32, K = {k} ids per call; times in ms (median)")
     for op in ops:
         rows = []
@@ -133,6 +166,21 @@ def main(argv=None) -> None:
         if ratios:
             shown = ", ".join(f"D={d}: {r:.2f}x" for d, r in ratios.items())
             print(f"native / XLA time: {shown}")
+        shown = []
+        for d, res in rows:
+            got = h.print_bandwidth(
+                rep,
+                f"{op}, D={d}",
+                res,
+                {n: op_bytes(op, v, d, k) for n in res},
+                "the bytes of the op / median time",
+                summarise=[f"XLA {op}"] if d == dims[-1] else (),
+                show=False,
+            )
+            cells = ", ".join(f"{r['name'].split()[0]} {r['gbps']:.1f}" for r in got)
+            shown.append(f"D={d}: {cells}")
+        copy = rep.record["copy"]["gbps"]
+        print(f"GB/s (the op's bytes / median time; device copy {copy:.1f}): " + "; ".join(shown))
         rep.add(op, table)
     rep.finish()
 

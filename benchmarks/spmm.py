@@ -2,8 +2,18 @@
 ``jsr.dot(csr, dense, transpose_a=True)`` (row-sparse result), against scipy,
 ``jax.experimental.sparse`` BCSR and torch CSR.
 
-Default workload: CSR [1024 x 1,000,000] with 32 entries per row
+Default workload on CPU: CSR [1024 x 1,000,000] with 32 entries per row
 times dense [1,000,000 x 64]; and that CSR transposed times dense [1024 x 64].
+On a GPU: CSR [16,384 x 1,000,000] (32 per row) times dense
+[1,000,000 x 128], transposed times [16,384 x 128]; torch on CUDA, scipy on
+the host.
+
+scipy runs on one thread (its sparse products have no threaded path); jsr,
+BCSR and torch use XLA's or torch's threads (torch with as many as XLA's CPU
+pool, and a 1-thread column beside it). Each table is followed by its memory
+traffic: the bytes the product must move at least (the CSR, each distinct
+dense row it reads, the result), over the median time, in GB/s beside a
+device copy's.
 
 Every contender cycles through a pool of 8 matrices with different column
 ids (as a training loop sees a new batch every step), so no timed call finds
@@ -35,6 +45,15 @@ import _harness as h  # noqa: E402
 import jaxsparse_rows as jsr  # noqa: E402
 
 N_MATRICES = 8  # size of the pool of CSR matrices cycled through
+# CSR rows M, columns N, entries per row, dense columns, by mode
+SIZES = {
+    "cpu": {"rows": 1024, "cols": 1_000_000, "nnz_per_row": 32, "width": 64},
+    "gpu": {"rows": 16_384, "cols": 1_000_000, "nnz_per_row": 32, "width": 128},
+    "smoke": {"rows": 64, "cols": 2000, "nnz_per_row": 8, "width": 8},
+}
+SCIPY = "scipy csr @ dense (1 thread)"
+SCIPY_T = "scipy csr.T @ dense (1 thread)"
+TORCH = "torch sparse_csr @ dense"
 
 
 def make_csr_arrays(m: int, n: int, per_row: int, seed: int = 0):
@@ -97,24 +116,23 @@ def forward_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]:
         f = jax.jit(lambda a, b: a @ b)
         return _cycling(lambda a: f(a, dense), mats)
 
-    def torch_setup():
-        torch = h.require("torch")
+    def torch_build(torch, device):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
             mats = [
                 torch.sparse_csr_tensor(
                     torch.from_numpy(ip), torch.from_numpy(ix), torch.from_numpy(dt), shape
-                )
+                ).to(device)
                 for dt, ix, ip in pool
             ]
-        dense = torch.from_numpy(dense_np)
+        dense = torch.from_numpy(dense_np).to(device)
         return _cycling(lambda a: torch.sparse.mm(a, dense), mats)
 
     return [
         h.Contender("jsr.dot(csr, dense)", jsr_setup),
-        h.Contender("scipy csr @ dense", scipy_setup, jax=False),
+        h.Contender(SCIPY, scipy_setup, jax=False),
         h.Contender("jax.experimental.sparse BCSR", bcsr_setup),
-        h.Contender("torch sparse_csr @ dense", torch_setup, jax=False),
+        *h.torch_contenders(TORCH, torch_build),
     ]
 
 
@@ -127,12 +145,27 @@ def transpose_contenders(pool, shape, dense_np: np.ndarray) -> list[h.Contender]
 
     return [
         h.Contender("jsr.dot(csr, dense, transpose_a)", jsr_setup),
-        h.Contender("scipy csr.T @ dense", scipy_setup, jax=False),
+        h.Contender(SCIPY_T, scipy_setup, jax=False),
     ]
 
 
+def product_bytes(pool, shape, d: int, transpose: bool) -> float:
+    """The bytes a product must move at least, averaged over the pool: the
+    CSR (float32 values, int32 ids and offsets), each distinct dense row it
+    reads (forward) or each distinct result row it writes, with its id
+    (transposed), the [M, d] result (forward) or operand (transposed)."""
+    m = shape[0]
+    total = 0.0
+    for dt, ix, _ in pool:
+        csr = 8 * dt.size + 4 * (m + 1)
+        touched = len(np.unique(ix))
+        rows = touched * d * 4 + (touched * 4 if transpose else 0)
+        total += csr + rows + m * d * 4
+    return total / len(pool)
+
+
 FWD_TARGETS = [
-    h.Target("jsr.dot no slower than scipy", "jsr.dot(csr, dense)", "scipy csr @ dense", 1.0),
+    h.Target("jsr.dot no slower than scipy", "jsr.dot(csr, dense)", SCIPY, 1.0),
     h.Target(
         "jsr.dot no slower than BCSR", "jsr.dot(csr, dense)", "jax.experimental.sparse BCSR", 1.0
     ),
@@ -141,7 +174,7 @@ T_TARGETS = [
     h.Target(
         "transpose product >= 5x faster than scipy (dense result)",
         "jsr.dot(csr, dense, transpose_a)",
-        "scipy csr.T @ dense",
+        SCIPY_T,
         5.0,
     )
 ]
@@ -149,36 +182,49 @@ T_TARGETS = [
 
 def main(argv=None) -> None:
     p = h.parser(__doc__)
-    p.add_argument("--rows", type=int, default=1024, help="CSR rows M (default 1024)")
-    p.add_argument("--cols", type=int, default=1_000_000, help="CSR columns N (default 1e6)")
-    p.add_argument("--nnz-per-row", type=int, default=32)
-    p.add_argument("--width", type=int, default=64, help="dense columns (default 64)")
+    p.add_argument("--rows", type=int, help="CSR rows M (default 1024 on CPU, 16,384 on GPU)")
+    p.add_argument("--cols", type=int, help="CSR columns N (default 1e6)")
+    p.add_argument("--nnz-per-row", type=int, help="entries per CSR row (default 32)")
+    p.add_argument("--width", type=int, help="dense columns (default 64 on CPU, 128 on GPU)")
     args = h.parse(p, argv)
-    if args.smoke:
-        args.rows, args.cols, args.nnz_per_row, args.width = 64, 2000, 8, 8
+    h.apply_sizes(args, SIZES)
     m, n, d = args.rows, args.cols, args.width
     rep = h.Report("spmm", args, {"rows": m, "cols": n, "nnz_per_row": args.nnz_per_row, "d": d})
     rng = np.random.default_rng(1)
     arrays = make_csr_pool(m, n, args.nnz_per_row)
 
+    rep.copy()
     dense = rng.standard_normal((n, d), dtype=np.float32)
     res = h.measure(forward_contenders(arrays, (m, n), dense), args.runs, budget_s=args.budget)
-    rep.table(
-        f"CSR [{m} x {n}] ({args.nnz_per_row} nnz/row) @ dense [{n} x {d}]",
+    title = f"CSR [{m} x {n}] ({args.nnz_per_row} nnz/row) @ dense [{n} x {d}]"
+    rep.table(title, res, FWD_TARGETS, reference="jsr.dot(csr, dense)")
+    fwd = product_bytes(arrays, (m, n), d, transpose=False)
+    h.print_bandwidth(
+        rep,
+        title,
         res,
-        FWD_TARGETS,
-        reference="jsr.dot(csr, dense)",
+        {name: fwd for name in res},
+        "the bytes of the product (the CSR, each distinct dense row read, the result) / "
+        "median time",
+        summarise=["jsr.dot(csr, dense)"],
     )
-    del dense
+    del dense, res
 
     dense_t = rng.standard_normal((m, d), dtype=np.float32)
     res = h.measure(transpose_contenders(arrays, (m, n), dense_t), args.runs, budget_s=args.budget)
-    rep.table(
-        f"CSR [{m} x {n}].T @ dense [{m} x {d}] (row-sparse vs dense result)",
+    title = f"CSR [{m} x {n}].T @ dense [{m} x {d}] (row-sparse vs dense result)"
+    rep.table(title, res, T_TARGETS, reference="jsr.dot(csr, dense, transpose_a)")
+    tb = product_bytes(arrays, (m, n), d, transpose=True)
+    h.print_bandwidth(
+        rep,
+        title,
         res,
-        T_TARGETS,
-        reference="jsr.dot(csr, dense, transpose_a)",
+        {"jsr.dot(csr, dense, transpose_a)": tb},
+        "the bytes of the row-sparse product (the CSR, the dense operand, each distinct "
+        "result row and its id) / median time",
+        summarise=["jsr.dot(csr, dense, transpose_a)"],
     )
+    del res
 
     if args.sweep:
         cols = [100, 1000, 10_000] if args.smoke else [10_000, 100_000, 1_000_000, 10_000_000]

@@ -1,9 +1,15 @@
 """Keeps the benchmark programs in ``benchmarks/`` working: each one runs at
 ``--smoke`` sizes in a subprocess. torch is never imported here: the programs
-are run with ``--without torch``, which also exercises the skip notice."""
+are run with ``--without torch``, which also exercises the skip notice (one
+test runs torch's contenders where torch is installed). The GPU mode's
+choices (sizes, torch's device and threads) are tested by calling
+``_harness.select_mode`` with each platform, and one program runs at smoke
+sizes with the GPU mode's choices on this CPU (``--platform gpu``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -19,7 +25,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-def run(args: list[str], timeout: float = 120) -> str:
+def run(args: list[str], timeout: float = 120, status: int = 0) -> str:
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE))
     proc = subprocess.run(
         [sys.executable, *args],
@@ -29,8 +35,10 @@ def run(args: list[str], timeout: float = 120) -> str:
         cwd=BENCH.parent,
         env=env,
     )
-    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    assert proc.returncode == status, (
+        f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc.stdout + proc.stderr
 
 
 def run_smoke(program: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
@@ -54,12 +62,16 @@ def run_smoke(program: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
 
 def _harness():
     """The benchmarks' ``_harness`` module (imported from ``benchmarks/``)."""
+    return _program("_harness")
+
+
+def _program(name: str):
+    """A module of ``benchmarks/`` (imported with that folder on the path)."""
     sys.path.insert(0, str(BENCH))
     try:
-        import _harness
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
-    return _harness
 
 
 def check_record(record: dict, benchmark: str) -> None:
@@ -116,11 +128,30 @@ def test_auto_sparse_smoke(tmp_path):
     assert "compilation(s) after the first call" in out
 
 
-def test_spmm_smoke(tmp_path):
-    out, rec = run_smoke("spmm.py", tmp_path)
+def test_spmm_smoke_through_run_all(tmp_path):
+    """spmm.py run by run_all.py: its record, its memory traffic beside the
+    device copy's, and run_all's summary table printed last."""
+    out_json = tmp_path / "results.jsonl"
+    out = run(
+        [str(BENCH / "run_all.py"), "--only", "spmm", "--smoke", "--without", "torch", "--json"]
+        + ["--json-path", str(out_json)]
+    )
+    (line,) = out_json.read_text().splitlines()
+    rec = json.loads(line)
     check_record(rec, "spmm")
     assert "[skip] torch sparse_csr @ dense" in out
     assert len(rec["tables"]) == 2
+    assert rec["copy"]["gbps"] > 0 and rec["machine"]["mode"]["sizes"] == "smoke"
+    summarised = [b for b in rec["bandwidth"] if b["summary"]]
+    assert [b["name"] for b in summarised] == [
+        "jsr.dot(csr, dense)",
+        "jsr.dot(csr, dense, transpose_a)",
+    ]
+    assert all(b["gbps"] > 0 and b["of_copy"] > 0 for b in summarised)
+    summary = out[out.index("## Summary") :]
+    assert "jsr.dot no slower than scipy" in summary and "device copy bandwidth" in summary
+    assert "jsr.dot(csr, dense): memory traffic" in summary
+    assert summary.rstrip().splitlines()[-1].startswith("all programs:")
 
 
 def test_libsvm_io_smoke(tmp_path):
@@ -258,3 +289,140 @@ def test_one_at_a_time_rounds_split_runs_over_fresh_setups():
     assert len(res["slow"].times) == 1
     with pytest.raises(ValueError, match="rounds"):
         h.measure(cs, 3, rounds=2)
+
+
+def test_select_mode_picks_sizes_devices_and_threads():
+    """Mode, sizes and torch's device from (platform, torch installed, torch
+    has CUDA): a GPU backend takes the GPU sizes and torch on CUDA (skipped
+    without CUDA); a CPU backend takes the CPU sizes and torch on the CPU with
+    as many threads as XLA's pool, and a 1-thread column beside it."""
+    h = _harness()
+    cpu = h.select_mode("cpu", torch_installed=True, torch_cuda=True, cpu_threads=2)
+    assert (cpu.gpu, cpu.sizes, cpu.torch_device, cpu.torch_threads) == (False, "cpu", "cpu", 2)
+    assert cpu.torch_one_thread_column
+    one = h.select_mode("cpu", torch_installed=True, torch_cuda=False, cpu_threads=1)
+    assert one.torch_threads == 1 and not one.torch_one_thread_column
+    pinned = h.select_mode(
+        "cpu", torch_installed=True, torch_cuda=False, cpu_threads=4, torch_threads=3
+    )
+    assert pinned.torch_threads == 3 and pinned.cpu_threads == 4
+    gpu = h.select_mode("gpu", torch_installed=True, torch_cuda=True, gpu_requested=True)
+    assert (gpu.gpu, gpu.sizes, gpu.torch_device) == (True, "gpu", "cuda")
+    assert not gpu.torch_one_thread_column
+    no_cuda = h.select_mode("gpu", torch_installed=True, torch_cuda=False)
+    assert no_cuda.torch_device is None and "CUDA" in no_cuda.torch_note
+    absent = h.select_mode("gpu", torch_installed=False, torch_cuda=False)
+    assert absent.torch_device is None and "not installed" in absent.torch_note
+    smoke = h.select_mode("gpu", torch_installed=True, torch_cuda=True, smoke=True)
+    assert smoke.sizes == "smoke" and smoke.torch_device == "cuda"
+    with pytest.raises(h.NoGPU, match="default backend is 'cpu'"):
+        h.select_mode("cpu", torch_installed=True, torch_cuda=False, gpu_requested=True)
+
+    lazy, emb, spmm = (_program(n) for n in ("lazy_update", "embedding_step", "spmm"))
+    assert h.pick_sizes(lazy.SIZES, gpu) == {"vocab": 10**7, "dim": 64, "touched": 262_144}
+    assert h.pick_sizes(lazy.SIZES, cpu) == {"vocab": 10**6, "dim": 64, "touched": 4096}
+    assert h.pick_sizes(emb.SIZES, gpu) == {"vocab": 10**7, "dim": 64, "batch": 16_384, "bag": 16}
+    assert h.pick_sizes(spmm.SIZES, gpu) == {
+        "rows": 16_384,
+        "cols": 10**6,
+        "nnz_per_row": 32,
+        "width": 128,
+    }
+    for name in ("auto_sparse", "row_kernels", "libsvm_io"):
+        assert set(_program(name).SIZES) == {"cpu", "gpu", "smoke"}
+
+
+def test_xla_cpu_threads_follows_affinity_and_pjrt_nproc(monkeypatch):
+    h = _harness()
+    monkeypatch.delenv("PJRT_NPROC", raising=False)
+    monkeypatch.delenv("NPROC", raising=False)
+    assert h.xla_cpu_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("NPROC", "5")
+    assert h.xla_cpu_threads() == 5
+    monkeypatch.setenv("PJRT_NPROC", "3")
+    assert h.xla_cpu_threads() == 3
+
+
+def test_torch_errors_skip_and_sync_brackets_timed_calls():
+    """A contender's guarded exception (in setup or its first call) skips it
+    with the message; ``prepare`` runs before every call and ``sync`` right
+    before and after each, so the timed region covers the device's work."""
+    h = _harness()
+    log = []
+
+    def fails_in_setup():
+        raise RuntimeError("no kernel for this op on CUDA\nsecond line")
+
+    def fails_on_first_call():
+        def step():
+            raise NotImplementedError("sparse op")
+
+        return step
+
+    def works():
+        return lambda: log.append("step")
+
+    res = h.measure(
+        [
+            h.Contender("a", fails_in_setup, jax=False, guard=h.TORCH_ERRORS),
+            h.Contender("b", fails_on_first_call, jax=False, guard=h.TORCH_ERRORS),
+            h.Contender(
+                "c",
+                works,
+                jax=False,
+                prepare=lambda: log.append("prepare"),
+                sync=lambda: log.append("sync"),
+            ),
+        ],
+        2,
+        warmup=0,
+    )
+    assert res["a"].skipped == "RuntimeError: no kernel for this op on CUDA"
+    assert res["b"].skipped == "NotImplementedError: sparse op" and not res["b"].times
+    assert len(res["c"].times) == 2
+    calls = log[1:]  # "prepare" before setup, then one group per call
+    assert calls == ["prepare", "sync", "step", "sync"] * 3  # the first call and 2 timed
+    with pytest.raises(ValueError, match="unguarded"):
+        h.measure([h.Contender("d", lambda: (_ for _ in ()).throw(ValueError("unguarded")))], 1)
+
+
+def test_gpu_flag_without_a_gpu_stops_run_all():
+    """``run_all.py --gpu`` where JAX has no GPU: the first program says so
+    and exits with status 3, and run_all.py runs nothing else."""
+    out = run([str(BENCH / "run_all.py"), "--gpu", "--smoke", "--without", "torch"], status=3)
+    assert "--gpu: JAX's default backend is 'cpu', not 'gpu'" in out
+    assert "embedding_step.py" not in out
+
+
+def test_lazy_update_with_the_gpu_modes_choices(tmp_path):
+    """lazy_update.py at smoke sizes with the choices of a GPU run
+    (``--platform gpu``, on this CPU): the native-kernel floor is skipped as
+    CPU-only, torch has no 1-thread column, and the memory traffic is
+    reported against the device copy."""
+    out, rec = run_smoke("lazy_update.py", tmp_path, "--platform", "gpu", "--optimizers", "adam")
+    check_record(rec, "lazy_update")
+    assert rec["machine"]["mode"]["platform"] == "gpu"
+    assert "[skip] floor, jsr row kernels (adam): jsr's row kernels are CPU-only" in out
+    assert "[skip] torch SparseAdam:" in out and "SparseAdam, 1 thread" not in out
+    assert [b["name"] for b in rec["bandwidth"] if b["summary"]] == ["floor (adam)"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_lazy_update_times_torch_with_xla_threads_and_one_thread(tmp_path):
+    """Where torch is installed: its optimizer runs with as many threads as
+    XLA's CPU pool, and a 1-thread column beside it that no target uses."""
+    out_json = tmp_path / "results.jsonl"
+    out = run(
+        [str(BENCH / "lazy_update.py"), "--smoke", "--optimizers", "adam", "--json"]
+        + ["--json-path", str(out_json)]
+    )
+    rec = json.loads(out_json.read_text())
+    (table,) = rec["tables"].values()
+    threads = rec["machine"]["mode"]["torch_threads"]
+    assert threads == _harness().xla_cpu_threads()
+    assert "median_ms" in table["torch SparseAdam"]
+    if threads > 1:
+        assert "median_ms" in table["torch SparseAdam, 1 thread"]
+    (torch_target,) = [t for t in rec["targets"] if "torch" in t["label"]]
+    assert torch_target["slow"] == "torch SparseAdam"
+    assert f"torch {threads} intra-op thread(s)" in out
