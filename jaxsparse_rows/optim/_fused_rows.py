@@ -216,7 +216,7 @@ def use_fused(
 ) -> bool:
     """Whether the lazy rule ``rule_name`` runs its fused kernel for these operands.
 
-    True when a step traced now binds the kernel: on one GPU (see
+    True when a step traced at this point calls the kernel: on a GPU (see
     :func:`_mode`) or inside :func:`force`, with the kernels switched on
     (``jsr.set_native_kernels``), and for operands it takes: ``ids`` 1-D
     integers, at least one of them, for a table of fewer than ``2**31 - 1``
