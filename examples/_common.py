@@ -70,3 +70,29 @@ def save_loss_curve(path: str, losses: list[float], steps: int, title: str) -> N
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"loss curve written to {path}")
+
+
+def train(step, evaluate, params, opt_state, k_data, steps: int, batch_size: int):
+    """Runs ``steps`` of ``step(params, opt_state, key) -> (params, opt_state,
+    loss)`` on keys folded from ``k_data`` (the first compiles), with a
+    progress bar; ``evaluate(params, key)`` is the held-out accuracy, taken
+    before and after on a key no step uses. Returns ``(params, opt_state,
+    losses, samples_per_s, (acc_before, acc_after))``."""
+    k_eval = jax.random.fold_in(k_data, 2**31 - 1)  # a key no training step uses
+    acc0 = float(evaluate(params, k_eval))
+    params, opt_state, loss = step(params, opt_state, jax.random.fold_in(k_data, 0))  # compile
+    losses = [float(loss)]
+    bar = Progress(steps - 1, "train", unit="step")
+    start = time.perf_counter()
+    for t in range(1, steps):
+        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(k_data, t))
+        if t % 10 == 0 or t == steps - 1:
+            losses.append(float(loss))
+            rate = t * batch_size / (time.perf_counter() - start)
+            bar.update(10 if t % 10 == 0 else t % 10, loss=losses[-1], samples_per_s=rate)
+    jax.block_until_ready(params)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    rate = (steps - 1) * batch_size / max(elapsed, 1e-9)
+    acc = float(evaluate(params, k_eval))
+    return params, opt_state, losses, rate, (acc0, acc)

@@ -21,12 +21,11 @@ samples/s; --plot FILE saves the loss curve when matplotlib is installed.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import Progress, hidden_score, save_loss_curve
+from _common import hidden_score, save_loss_curve, train
 
 import jaxsparse_rows as jsr
 
@@ -88,23 +87,9 @@ def main(argv=None) -> float:
         logits = jnp.mean(params["table"][ids], axis=1) @ params["out"]
         return jnp.mean((logits > 0) == (labels > 0.5))
 
-    k_eval = jax.random.fold_in(k_data, 2**31 - 1)  # a key no training step uses
-    acc0 = float(evaluate(params, k_eval))
-    params, opt_state, loss = step(params, opt_state, jax.random.fold_in(k_data, 0))  # compile
-    losses = [float(loss)]
-    bar = Progress(args.steps - 1, "train", unit="step")
-    start = time.perf_counter()
-    for t in range(1, args.steps):
-        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(k_data, t))
-        if t % 10 == 0 or t == args.steps - 1:
-            losses.append(float(loss))
-            rate = t * args.batch_size / (time.perf_counter() - start)
-            bar.update(10 if t % 10 == 0 else t % 10, loss=losses[-1], samples_per_s=rate)
-    jax.block_until_ready(params)
-    elapsed = time.perf_counter() - start
-    bar.close()
-    rate = (args.steps - 1) * args.batch_size / max(elapsed, 1e-9)
-    acc = float(evaluate(params, k_eval))
+    params, opt_state, losses, rate, (acc0, acc) = train(
+        step, evaluate, params, opt_state, k_data, args.steps, args.batch_size
+    )
     first, last = float(np.mean(losses[:3])), float(np.mean(losses[-3:]))
     print(f"loss {first:.4f} -> {last:.4f}; held-out accuracy {acc0:.3f} -> {acc:.3f}")
 
