@@ -33,24 +33,12 @@ import numpy as np
 import optax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_svrg import grad_fn  # the same least-squares gradient as the one-device tests
 
 import jaxsparse_rows as jsr
 
 N, K, M = 21, 12, 3  # rows, features, rows per device and step
 CAP = 64  # one entry capacity for every batch, so that they stack
-
-
-def grad_fn(params, batch):
-    """Mean squared error over the batch's real rows; RowSparse for ``w``."""
-    w_rows = jsr.pull_rows(params["w"], batch.x.indices)
-
-    def loss(w_rows, b):
-        pred = jsr.dot(batch.x, w_rows)[:, 0] + b
-        resid = jnp.where(batch.mask, pred - batch.y, 0.0)
-        return 0.5 * jnp.sum(resid**2) / batch.num_rows
-
-    g_w, g_b = jsr.grad(loss, argnums=(0, 1))(w_rows, params["b"])
-    return {"w": g_w, "b": g_b}
 
 
 def data():
