@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._invariants import refuse_invalid
 
@@ -58,24 +59,44 @@ def stacked_repr(cls_name: str, shape: tuple[int, ...], leaves: dict[str, Any]) 
     return f"{cls_name}({head}, {parts})"
 
 
-def check_unflattened_ids(cls_name: str, **children: Any) -> None:
+def check_unflattened_ids(cls_name: str, data: Any, **children: Any) -> None:
     """Refuses index children that a ``tree_map`` over a sparse array's leaves
-    has turned into floats of the same shape (``optax.scale`` multiplies every
-    leaf, row ids included; a whole-tree cast converts them), instead of
-    building an array whose row ids are fractions.
+    has turned into something other than row ids, instead of building an array
+    whose ids are wrong:
+
+    * floats of the same shape: ``optax.scale`` multiplies every leaf, row ids
+      included; a whole-tree cast converts them;
+    * 0-d numbers beside 0-d ``data``: a reduction of every leaf
+      (``optax.tree.norm``, ``optax.global_norm``,
+      ``optax.clip_by_global_norm``, ``jax.tree.map(jnp.sum, x)``) has reduced
+      the row ids too, and a sum over the leaves would count them as values.
+      (0-d ids beside rows of ``data`` are ``jax.vmap`` over the rows, which
+      the ops refuse by name.)
 
     Everything else passes: integer ids, leaves without a dtype
     (``jax.tree.map(jnp.shape, x)``, vmap axis specs), ``float0`` tangents of
-    integer leaves, bool leaves (``jax.tree.map(jnp.isfinite, x)``,
-    ``optax.zero_nans``'s flags) and 0-d summaries (``jax.tree.map(jnp.mean,
-    x)`` for logging).
+    integer leaves and bool leaves (``jax.tree.map(jnp.isfinite, x)``,
+    ``optax.zero_nans``'s flags, ``optax.tree.allclose``).
     """
     for name, child in children.items():
         dtype = getattr(child, "dtype", None)
-        if dtype is None or getattr(dtype, "kind", "i") in "iub":
-            continue  # the common case, decided cheaply: this runs at every unflatten
-        if getattr(child, "ndim", 0) == 0:
+        if dtype is None:
             continue
+        kind = getattr(dtype, "kind", "i")
+        if getattr(child, "ndim", None) == 0 and getattr(data, "ndim", 0) == 0 and kind != "b":
+            if isinstance(child, jax.Array | np.ndarray) and dtype != jax.dtypes.float0:
+                raise TypeError(
+                    f"{cls_name} `{name}` must stay an index array, got a 0-d "
+                    f"{jnp.dtype(dtype).name}: a function reduced every leaf of a "
+                    f"{cls_name}, its indices included (e.g. `optax.tree.norm`, "
+                    "`optax.global_norm`, `optax.clip_by_global_norm`, or "
+                    "`jax.tree.map(jnp.sum, ...)`), so a sum over the leaves would count "
+                    "them as values. Use `jsr.optim.global_norm` and "
+                    "`jsr.optim.clip_by_global_norm`, or map with `is_leaf=jsr.is_sparse` "
+                    "and reduce `.data`."
+                )
+        if kind in "iub":
+            continue  # the common case, decided cheaply: this runs at every unflatten
         if dtype == jax.dtypes.float0 or not jnp.issubdtype(dtype, jnp.inexact):
             continue
         raise TypeError(

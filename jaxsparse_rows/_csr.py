@@ -215,7 +215,7 @@ class CSR(SparseArray):
 
     @classmethod
     def tree_unflatten(cls, shape, children):
-        check_unflattened_ids("CSR", indices=children[1], indptr=children[2])
+        check_unflattened_ids("CSR", children[0], indices=children[1], indptr=children[2])
         return cls._make(*children, shape)
 
     def __reduce__(self):

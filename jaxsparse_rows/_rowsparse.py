@@ -283,7 +283,7 @@ class RowSparse(SparseArray):
 
     @classmethod
     def tree_unflatten(cls, shape, children):
-        check_unflattened_ids("RowSparse", indices=children[1])
+        check_unflattened_ids("RowSparse", children[0], indices=children[1])
         return cls._make(children[0], children[1], shape)
 
     def __reduce__(self):

@@ -6,7 +6,8 @@ in docs/optimizers.md is a case here, keyed by the row's first cell. A case
 runs the transform in a training loop (``pull_rows`` view, ``jsr.grad``,
 ``optax.apply_updates``) next to the dense loop (``jax.grad`` of the dense
 table, optax), and observes one outcome: ``works`` (the same parameters),
-``error`` (raised while tracing), ``invalid ids`` (row ids refused eagerly,
+``error`` (raised while tracing, naming the ``jsr`` replacement), ``pytree
+error`` (JAX's structure error), ``invalid ids`` (row ids refused eagerly,
 left wrong under jit), ``state mismatch`` (right numbers, state structure
 changed) or ``wrong value``. The test asserts the outcome the table states,
 and that every ``jsr.optim`` replacement the table names exists and is
@@ -29,7 +30,7 @@ import jaxsparse_rows as jsr
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "optimizers.md"
 SECTION = "## Which optax transforms are safe on RowSparse updates"
-OUTCOMES = {"works", "error", "invalid ids", "state mismatch", "wrong value"}
+OUTCOMES = {"works", "error", "pytree error", "invalid ids", "state mismatch", "wrong value"}
 
 V, D, B, L = 10, 3, 3, 2
 # Repeated ids within a batch leave padding slots in the gradient's capacity.
@@ -115,7 +116,12 @@ def observe(tx, oracle, jit, *, batches=BATCHES, oracle_sparse=False, **kw) -> s
     try:
         params, state0, states, ups = train(tx, sparse=True, jit=jit, batches=batches, **kw)
     except (TypeError, ValueError) as err:
-        return "invalid ids" if "invalid row ids" in str(err) else "error"
+        message = str(err)
+        if "invalid row ids" in message:
+            return "invalid ids"
+        if "pytree structure error" in message:
+            return "pytree error"
+        return "error" if "`jsr." in message else f"unnamed error: {message[:200]}"
     for u in ups:
         for leaf in jax.tree.leaves(u, is_leaf=jsr.is_sparse):
             if isinstance(leaf, jsr.RowSparse) and not ids_valid(leaf):

@@ -8,6 +8,7 @@ import pickle
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from draw import random_csr, random_rowsparse
 
@@ -309,21 +310,17 @@ def test_grad_of_stacked_views_scanned_over(jit):
 
 
 @pytest.mark.parametrize("index", [0, 3])
-def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
-    """Bool flags and 0-d summaries are not row ids: optax.zero_nans, chex's
-    finiteness check and per-leaf logging map them over every leaf."""
+def test_flags_mapped_over_leaves_still_unflatten(index):
+    """Bool flags are not row ids: optax.zero_nans, chex's finiteness check and
+    optax.tree.allclose map them over every leaf."""
     import chex
-    import optax
 
     x = arrays()[index]
     data, idx = np.asarray(x.data), np.asarray(x.indices)
     flags = jax.tree.map(jnp.isfinite, x)
     assert flags.indices.dtype == jnp.bool_
     np.testing.assert_array_equal(np.asarray(flags.data), np.isfinite(data))
-    means = jax.tree.map(jnp.mean, x)
-    assert means.indices.shape == ()
-    np.testing.assert_allclose(float(means.data), data.mean(), rtol=1e-6)
-    np.testing.assert_allclose(float(means.indices), idx.mean(), rtol=1e-6)
+    assert bool(jax.tree.map(lambda a: jnp.all(jnp.isfinite(a)), x).data)
 
     def rebuilt(new_data):  # x with other data, built from numpy children
         children = [new_data, idx] + ([np.asarray(x.indptr)] if x.stype == "csr" else [])
@@ -345,6 +342,34 @@ def test_summaries_and_flags_mapped_over_leaves_still_unflatten(index):
     g = rebuilt(with_nan)
     out, _ = tx.update({"g": g}, tx.init({"g": g}))
     same(out["g"], rebuilt(np.where(np.isnan(with_nan), 0, with_nan).astype(data.dtype)))
+
+
+REDUCTIONS = {
+    "optax.tree.norm": lambda t: optax.tree.norm(t),
+    "optax.tree.norm(ord=1)": lambda t: optax.tree.norm(t, ord=1),
+    "optax.tree.norm(ord=inf)": lambda t: optax.tree.norm(t, ord=jnp.inf),
+    "optax.tree.sum": lambda t: optax.tree.sum(t),
+    "optax.tree.vdot": lambda t: optax.tree.vdot(t, t),
+    "optax.clip_by_global_norm": lambda t: optax.clip_by_global_norm(1.0).update(t, ())[0],
+    "tree.map(jnp.mean)": lambda t: jax.tree.map(jnp.mean, t),
+}
+
+
+@pytest.mark.parametrize("reduce", sorted(REDUCTIONS))
+@pytest.mark.parametrize("index", [0, 3])
+def test_reducing_every_leaf_is_refused_naming_the_replacement(index, reduce, jit_mode):
+    """A reduction of every leaf reduces the row ids too, and a norm or sum over
+    the leaves would count them as values: unflattening the 0-d ids is
+    refused while tracing, naming the row-aware replacement."""
+    x = arrays()[index]
+    tree = {"emb": x, "w": jnp.ones(3)}
+    name = type(x).__name__
+    refused = rf"{name} `indices` must stay an index array, got a 0-d.*jsr.optim.global_norm"
+    with pytest.raises(TypeError, match=refused):
+        jit_mode(REDUCTIONS[reduce])(tree)
+    # Mapped over the values only, the same reduction is the dense one's.
+    got = jax.tree.map(lambda a: a.sum(), tree, is_leaf=jsr.is_sparse)
+    np.testing.assert_allclose(float(got["emb"]), float(np.asarray(x.todense()).sum()), rtol=1e-5)
 
 
 def test_key_paths_name_the_children():

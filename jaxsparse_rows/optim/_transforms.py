@@ -172,8 +172,8 @@ def add_decayed_weights(
 def global_norm(updates: Any) -> jax.Array:
     """The L2 norm of all leaves together, counting only real rows of RowSparse leaves.
 
-    Use it instead of ``optax.tree.norm`` (``optax.global_norm``), which would
-    also count the row ids of RowSparse leaves as values. Complex values count
+    Use it instead of ``optax.tree.norm`` (``optax.global_norm``), which
+    reduces the row ids of RowSparse leaves too and so refuses them. Complex values count
     ``|g|**2``. Squares and sum are taken in float32 (float64 for float64
     leaves), so float16, bfloat16 and integer leaves cannot overflow.
 
@@ -188,7 +188,7 @@ def global_norm(updates: Any) -> jax.Array:
       >>> import jaxsparse_rows as jsr, jax.numpy as jnp
       >>> g = {"emb": jsr.RowSparse([[3., 4.], [0., 0.]], [1, 5], shape=(5, 2)),
       ...      "b": jnp.zeros(2)}
-      >>> jsr.optim.global_norm(g)  # optax.tree.norm(g) counts the ids: 7.14
+      >>> jsr.optim.global_norm(g)
       Array(5., dtype=float32)
     """
 
