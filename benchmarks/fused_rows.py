@@ -78,6 +78,8 @@ RULES = [
         5,
     ),
     Rule("adam", lambda: jsr.optim.scale_by_lazy_adam(), 2, False, 6),
+    # the decay inside Adam's kernel (7 rows), then the learning rate's scaling (2)
+    Rule("adamw", lambda: jsr.optim.lazy_adamw(0.01, weight_decay=1e-4), 2, True, 9),
     Rule("adagrad", lambda: jsr.optim.scale_by_lazy_adagrad(), 1, False, 4),
     Rule("rowwise_adagrad", lambda: jsr.optim.lazy_rowwise_adagrad(0.01), 1, False, 2, 2),
     Rule("ftrl", lambda: jsr.optim.lazy_ftrl(0.1), 2, True, 7),

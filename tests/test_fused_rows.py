@@ -371,6 +371,42 @@ def test_empty_gradient():
         np.testing.assert_array_equal(b, a)
 
 
+def _eqns_outside_kernels(jaxpr):
+    """The equations of ``jaxpr`` and of the programs nested in it (``pjit``
+    and the like), not looking into the kernel calls' XLA twins."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for v in value if isinstance(value, tuple | list) else (value,):
+                if isinstance(v, jax.extend.core.ClosedJaxpr):
+                    yield from _eqns_outside_kernels(v.jaxpr)
+
+
+@pytest.mark.parametrize("weight_decay", [0.1, 0.0])
+def test_adamw_decay_runs_inside_the_adam_kernel(weight_decay):
+    """AdamW's decoupled decay reads each listed parameter row inside Adam's
+    kernel (which then takes the parameter), so the fused step gathers no row
+    outside its two kernels; without decay the kernel reads no parameter."""
+    g = _gradients(8, (3,), jnp.float32)[0]
+    w = jax.random.normal(jax.random.key(8), (V, 3))
+    opt = jsr.optim.lazy_adamw(0.01, weight_decay=weight_decay)
+
+    def step(w, s):
+        u, s = opt.update(g, s, w)
+        return jsr.optim.apply_updates(w, u), s
+
+    with fused.force(interpret=False):
+        jaxpr = jax.make_jaxpr(step)(w, opt.init(w)).jaxpr
+    eqns = list(_eqns_outside_kernels(jaxpr))
+    # Row gathers are kernel calls too (gather_rows), or XLA gathers.
+    calls = [dict(e.params["static"]) for e in eqns if e.primitive.name == "jsr_kernel_call"]
+    kernels = sorted(c["kernel"].name if "kernel" in c else str(c) for c in calls)
+    assert kernels == ["adam", "apply_updates"]
+    kernels = {c["kernel"].name: c["kernel"] for c in calls}
+    assert kernels["adam"].param_dtype == (jnp.float32 if weight_decay else None)
+    assert [e.primitive.name for e in eqns if "gather" in e.primitive.name] == []
+
+
 # ------------------------------------------------------------------ dispatch
 
 

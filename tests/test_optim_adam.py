@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -179,3 +180,36 @@ def test_count_saturates_at_the_int32_limit_as_optax_adam(wd, jit):
     assert np.all(np.isfinite(np.asarray(w1)))
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w2), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(s1[0].nu), np.asarray(s2[0].nu), rtol=1e-6)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_adamw_is_its_three_transform_chain_bit_for_bit(lazy, dtype, jit_mode):
+    """lazy_adamw adds the decay inside Adam's row rule: the same numbers, to the
+    bit, and the same state as chain(scale_by_lazy_adam, add_decayed_weights,
+    scale_by_learning_rate), on RowSparse (with padding) and dense leaves."""
+    rng = np.random.default_rng(5)
+    params = {
+        "emb": jnp.asarray(rng.normal(size=(7, 3)), dtype),
+        "b": jnp.asarray(rng.normal(size=3), dtype),
+    }
+    ours = jsr.optim.lazy_adamw(0.1, weight_decay=0.3, lazy=lazy, mu_dtype=jnp.float32)
+    chained = optax.chain(
+        jsr.optim.scale_by_lazy_adam(lazy=lazy, mu_dtype=jnp.float32),
+        jsr.optim.add_decayed_weights(0.3, lazy),
+        jsr.optim.scale_by_learning_rate(0.1),
+    )
+    s1, s2 = ours.init(params), chained.init(params)
+    p1 = p2 = params
+    for ids in ([1, 4, 7], [0, 4, 6]):  # 7 is padding
+        data = rng.normal(size=(3, 3)) * (np.array(ids) < 7)[:, None]
+        grads = {
+            "emb": jsr.RowSparse(jnp.asarray(data, dtype), ids, shape=(7, 3)),
+            "b": jnp.asarray(rng.normal(size=3), dtype),
+        }
+        u1, s1 = jit_mode(ours.update)(grads, s1, p1)
+        u2, s2 = jit_mode(chained.update)(grads, s2, p2)
+        p1, p2 = jsr.optim.apply_updates(p1, u1), jsr.optim.apply_updates(p2, u2)
+        assert jax.tree.structure(s1) == jax.tree.structure(s2)
+        for a, b in zip(jax.tree.leaves((p1, s1, u1)), jax.tree.leaves((p2, s2, u2)), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -17,13 +17,15 @@ from ._hparams import (
     check_learning_rate,
     check_number,
 )
-from ._transforms import add_decayed_weights, scale_by_learning_rate
+from ._transforms import scale_by_learning_rate
 from ._tree import (
     abs_sq,
     apply_rule,
     check_dense_params,
     check_state,
+    known_zero,
     map_updates,
+    weight_decay_needs_params,
     zeros_like_params,
 )
 
@@ -90,11 +92,29 @@ def scale_by_lazy_adam(
       (Array([[ 1., -1.]], dtype=float32), Array(1, dtype=int32))
     """
     lazy = check_lazy(lazy, (True, False), "scale_by_lazy_adam")
+    return _adam_direction(b1, b2, eps, eps_root, lazy, mu_dtype, None)
+
+
+def _adam_direction(
+    b1: float,
+    b2: float,
+    eps: float,
+    eps_root: float,
+    lazy: bool,
+    mu_dtype: Any,
+    weight_decay: Any,
+) -> optax.GradientTransformation:
+    """:func:`scale_by_lazy_adam`, with ``weight_decay * w_r`` added to each
+    processed row's update when ``weight_decay`` is not None: AdamW's
+    ``add_decayed_weights`` folded into the row rule, so each listed row of the
+    parameter is read with the moments (one fused kernel on a GPU) rather
+    than gathered again afterwards. The arithmetic is the chained one's."""
     check_number("b1", b1, UNIT)
     check_number("b2", b2, UNIT)
     check_number("eps", eps, NONNEG)
     check_number("eps_root", eps_root, NONNEG)
     mu_dtype = check_inexact_dtype("mu_dtype", mu_dtype)
+    decays = not known_zero(weight_decay)
 
     def init_fn(params):
         check_dense_params(params, "scale_by_lazy_adam")
@@ -105,25 +125,30 @@ def scale_by_lazy_adam(
         )
 
     def update_fn(updates, state, params=None):
-        del params
         check_state(state, ScaleByLazyAdamState, "scale_by_lazy_adam")
+        if decays and params is None:
+            raise weight_decay_needs_params("lazy_adamw", weight_decay)
         count = optax.safe_increment(state.count)
         c1, c2 = 1 - jnp.array([b1, b2]) ** count  # one fusion for both corrections
 
-        def rule(g, states, _):
+        def rule(g, states, p):
             mu, nu = states
             mu = (1 - b1) * g + b1 * mu
             nu = (1 - b2) * abs_sq(g) + b2 * nu
             mu_hat = mu / c1.astype(mu.dtype)
             nu_hat = nu / c2.astype(nu.dtype)
-            return mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps), [mu, nu]
+            u = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
+            return (u if p is None else u + weight_decay * p), [mu, nu]
 
-        def leaf(path, g, mu, nu):
-            u, (mu, nu) = apply_rule(path, g, [mu, nu], None, rule, lazy=lazy, fused="adam")
+        def leaf(path, g, mu, nu, p):
+            u, (mu, nu) = apply_rule(path, g, [mu, nu], p, rule, lazy=lazy, fused="adam")
             return u, mu, nu
 
-        names = ("updates", "state.mu", "state.nu")
-        updates, mu, nu = map_updates(leaf, updates, state.mu, state.nu, n_out=3, names=names)
+        names = ("updates", "state.mu", "state.nu", "params")
+        params = params if decays else None
+        updates, mu, nu = map_updates(
+            leaf, updates, state.mu, state.nu, params, n_out=3, names=names
+        )
         return updates, ScaleByLazyAdamState(count=count, mu=mu, nu=nu)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -193,10 +218,13 @@ def lazy_adamw(
 ) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay, as ``optax.adamw``) on the listed rows.
 
-    ``chain(scale_by_lazy_adam, add_decayed_weights(weight_decay, lazy),
-    scale_by_learning_rate)``: touched rows get ``-lr * (u_r + wd * w_r)``;
-    untouched rows are not decayed when ``lazy=True`` and are decayed
-    (``-lr * wd * w_r``) when ``lazy=False``. Needs ``params`` in ``update``.
+    What ``chain(scale_by_lazy_adam, add_decayed_weights(weight_decay, lazy),
+    scale_by_learning_rate)`` computes, with that chain's state: touched rows
+    get ``-lr * (u_r + wd * w_r)``; untouched rows are not decayed when
+    ``lazy=True`` and are decayed (``-lr * wd * w_r``) when ``lazy=False``.
+    The decay is added inside Adam's row rule, so each listed row of the
+    parameter is read along with its moments (on a GPU, in the same fused
+    kernel). Needs ``params`` in ``update``.
 
     Args:
       learning_rate: a float or an optax schedule.
@@ -221,8 +249,12 @@ def lazy_adamw(
     """
     check_learning_rate(learning_rate)
     lazy = check_lazy(lazy, (True, False), "lazy_adamw")
+    check_number("weight_decay", weight_decay, none_ok=True)
+    # The decay runs inside Adam's row rule; the middle slot keeps the state
+    # of the three-transform chain (its EmptyState), so states and checkpoints
+    # are those of chain(scale_by_lazy_adam, add_decayed_weights, ...).
     return optax.chain(
-        scale_by_lazy_adam(b1, b2, eps, eps_root, lazy, mu_dtype=mu_dtype),
-        add_decayed_weights(weight_decay, lazy),
+        _adam_direction(b1, b2, eps, eps_root, lazy, mu_dtype, weight_decay),
+        optax.identity(),
         scale_by_learning_rate(learning_rate),
     )
