@@ -52,15 +52,16 @@ def _twin_jaxprs(eqn) -> Iterator[jex_core.Jaxpr]:
                 yield _trace(functools.partial(fn, **static), eqn)
 
 
-def all_eqns(jaxpr) -> Iterator[jex_core.JaxprEqn]:
+def all_eqns(jaxpr, *, twins: bool = True) -> Iterator[jex_core.JaxprEqn]:
     """Every equation of ``jaxpr`` (a Jaxpr or ClosedJaxpr) and of every program
-    nested in it, containers (``pjit``, ``scan``, ``jsr_kernel_call``...) included."""
+    nested in it, containers (``pjit``, ``scan``, ``jsr_kernel_call``...) included;
+    with ``twins=False``, not the programs a library primitive may lower to."""
     if isinstance(jaxpr, jex_core.ClosedJaxpr):
         jaxpr = jaxpr.jaxpr
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in (*_param_jaxprs(eqn), *_twin_jaxprs(eqn)):
-            yield from all_eqns(sub)
+        for sub in (*_param_jaxprs(eqn), *(_twin_jaxprs(eqn) if twins else ())):
+            yield from all_eqns(sub, twins=twins)
 
 
 def big_values(jaxpr, n_rows: int) -> list[tuple[str, tuple[int, ...]]]:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jaxpr_walk import all_eqns
 from kernel_switch import kernels_set
 
 import jaxsparse_rows as jsr
@@ -371,17 +372,6 @@ def test_empty_gradient():
         np.testing.assert_array_equal(b, a)
 
 
-def _eqns_outside_kernels(jaxpr):
-    """The equations of ``jaxpr`` and of the programs nested in it (``pjit``
-    and the like), not looking into the kernel calls' XLA twins."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for v in value if isinstance(value, tuple | list) else (value,):
-                if isinstance(v, jax.extend.core.ClosedJaxpr):
-                    yield from _eqns_outside_kernels(v.jaxpr)
-
-
 @pytest.mark.parametrize("weight_decay", [0.1, 0.0])
 def test_adamw_decay_runs_inside_the_adam_kernel(weight_decay):
     """AdamW's decoupled decay reads each listed parameter row inside Adam's
@@ -397,7 +387,7 @@ def test_adamw_decay_runs_inside_the_adam_kernel(weight_decay):
 
     with fused.force(interpret=False):
         jaxpr = jax.make_jaxpr(step)(w, opt.init(w)).jaxpr
-    eqns = list(_eqns_outside_kernels(jaxpr))
+    eqns = list(all_eqns(jaxpr, twins=False))  # not into the kernels' XLA twins
     # Row gathers are kernel calls too (gather_rows), or XLA gathers.
     calls = [dict(e.params["static"]) for e in eqns if e.primitive.name == "jsr_kernel_call"]
     kernels = sorted(c["kernel"].name if "kernel" in c else str(c) for c in calls)
