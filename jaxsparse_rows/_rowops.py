@@ -43,7 +43,7 @@ from . import _native
 from ._arraybase import ROWSPARSE_INDEXING
 from ._dtypes import accumulation_dtype, index_dtype
 from ._kernel_call import kernel_call
-from ._sharding import explicit_spec, replicated
+from ._sharding import explicit_spec, replicated, sharding_like
 
 # ------------------------------------------------------------ XLA references
 
@@ -77,7 +77,8 @@ def zeros_rows(n: int, like: Any, dtype: Any = None) -> jax.Array:
     if spec is None or all(a is None for a in tuple(spec)[1:]):
         return jnp.zeros(shape, dtype)
     tail = tuple(spec)[1:] + (None,) * (len(shape) - len(spec))
-    return jnp.zeros(shape, dtype, out_sharding=jax.sharding.PartitionSpec(None, *tail))
+    spec = jax.sharding.PartitionSpec(None, *tail)
+    return jnp.zeros(shape, dtype, out_sharding=sharding_like(like, spec))
 
 
 def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
@@ -93,7 +94,8 @@ def gathered_sharding(x: jax.Array, rows: jax.Array) -> dict:
     used = {a for a in tail if a is not None}
     head = tuple(rows_spec or ()) + (None,) * rows.ndim
     head = tuple(None if a in used else a for a in head[: rows.ndim])
-    return {"out_sharding": jax.sharding.PartitionSpec(*head, *tail)}
+    spec = jax.sharding.PartitionSpec(*head, *tail)
+    return {"out_sharding": sharding_like(x if explicit_spec(x) is not None else rows, spec)}
 
 
 def segments_of_sorted(sorted_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -144,7 +146,7 @@ def scatter_rows_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: boo
     kw = dict(ROWSPARSE_INDEXING, wrap_negative_indices=False)
     spec = explicit_spec(table)  # sharding in types: the result keeps the table's
     if spec is not None:
-        kw["out_sharding"] = spec
+        kw["out_sharding"] = sharding_like(table, spec)
     return (ref.add if add else ref.set)(rows, mode="drop", **kw)
 
 
@@ -345,7 +347,7 @@ def _slots_xla(sorted_ids: jax.Array, ids: jax.Array, n_rows: int, spec=None) ->
     else:
 
         def read(pos):
-            return sorted_ids.at[pos].get(mode="clip", out_sharding=spec)
+            return sorted_ids.at[pos].get(mode="clip", out_sharding=sharding_like(ids, spec))
 
         below = jnp.zeros_like(ids)  # number of sorted ids below each query so far
         step = 1 << (k.bit_length() - 1)  # the largest power of two <= k

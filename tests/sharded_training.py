@@ -29,7 +29,10 @@ def train(mesh=None, spec=None, ids_spec=None):
     emb = initial_table()
     if spec is not None:
         emb = jax.device_put(emb, NamedSharding(mesh, spec))
-    params = {"emb": emb, "w": jnp.linspace(-1.0, 1.0, 8)}
+    w = jnp.linspace(-1.0, 1.0, 8)
+    if mesh is not None:  # replicated on the mesh (else its gradient's sharding is ambiguous)
+        w = jax.device_put(w, NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    params = {"emb": emb, "w": w}
     state = opt.init(params)
     x = jsr.csr_matrix(([7.0, 8, 9], [0, 600, 1], [0, 2, 2, 3]), shape=(3, ROWS))
 
@@ -48,10 +51,12 @@ def train(mesh=None, spec=None, ids_spec=None):
 
     ids = jnp.array(IDS)
     y = jnp.arange(1.0, len(IDS) + 1.0)
+    batches = [(ids, y), (ids[::-1], y[::-1])]
     if ids_spec is not None:
-        ids = jax.device_put(ids, NamedSharding(mesh, ids_spec))
-        y = jax.device_put(y, NamedSharding(mesh, jax.sharding.PartitionSpec(ids_spec[0])))
-    for batch, weights in ((ids, y), (ids[::-1], y[::-1])):
+        on_ids = NamedSharding(mesh, ids_spec)
+        on_y = NamedSharding(mesh, jax.sharding.PartitionSpec(ids_spec[0]))
+        batches = [(jax.device_put(i, on_ids), jax.device_put(w, on_y)) for i, w in batches]
+    for batch, weights in batches:
         params, state, g_data = step(params, state, batch, weights)
     return params, state, g_data, jax.jit(jsr.dot)(x, params["emb"])
 

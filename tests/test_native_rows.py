@@ -677,8 +677,9 @@ def test_explicitly_sharded_table_trains_with_xla_ops():
     so do the ops that scatter rows into fresh zeros (``op_cases``), and a
     replicated table trained on batches of ids sharded over the mesh (data
     parallel: the ids are gathered whole before they are sorted, and a
-    ``take`` from the view keeps their sharding), and every op of a CSR whose
-    entries are sharded over the devices. In a subprocess with 2 host
+    ``take`` from the view keeps their sharding), with or without a
+    ``jax.set_mesh`` context around the jitted steps, and every op of a CSR
+    whose entries are sharded over the devices. In a subprocess with 2 host
     devices."""
     code = f"""
 import os, sys
@@ -709,6 +710,13 @@ for spec, ids_spec in ((P("x", None), None), (P(None, "x"), None), (P(), P("x", 
     if ids_spec is None:
         for name, f in op_cases().items():
             print(name, np.allclose(ops[name], jax.jit(f)(table, dense), rtol=1e-6))
+# Jitted steps need no `jax.set_mesh` context: the shardings the ops give
+# their results are built on the mesh in the operands' types.
+for spec, ids_spec in ((P("x", None), None), (P(), P("x", None))):
+    got = train(mesh, spec, ids_spec)
+    print("no_context", _spec(got[0]["emb"]) == tuple(spec) + (None,) * (2 - len(spec)),
+          all(np.allclose(a, b, rtol=1e-6, atol=1e-6)
+              for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))))
 from sharded_training import IDS
 import jaxsparse_rows as jsr
 with jax.set_mesh(mesh):
@@ -743,7 +751,8 @@ print("sharded_csr", _spec(xs.data) == ("x",), same_rows, all(
     # A CSR whose entries are sharded over the two devices: `check`, its row
     # ids and every op of test_csr.SHARDED_OPS against its oracle.
     assert "sharded_csr True True True" in lines, proc.stdout
-    skip = ("True", "False", "take_of_view", "sharded_csr")
+    assert lines.count("no_context True True") == 2, proc.stdout
+    skip = ("True", "False", "take_of_view", "sharded_csr", "no_context")
     ops = [ln for ln in lines if ln.split()[0] not in skip]
     assert len(ops) == 2 * 10 and all(ln.endswith(" True") for ln in ops), proc.stdout
 
