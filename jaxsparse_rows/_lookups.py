@@ -54,7 +54,7 @@ class Site:
       n: the number of row ids one execution looks up.
       n_rows: ``V``, the table's row count.
       row_shape: ``(D1..Dn)`` of the table.
-      dtype: the table's dtype.
+      dtype: the dtype of the rows looked up (the table's, or its cast's).
       varying: the manual mesh axes its result varies over (inside
         ``jax.shard_map``; empty elsewhere).
     """
@@ -246,7 +246,16 @@ class _Walk:
                 scope.casts.add(i)
         elif name in CALLS:
             body, _ = call_body(eqn)
-            sub = self.scope(body, {body.invars[p]: t for p, t in hits}, lead, inner)
+            sub_tables = {body.invars[p]: t for p, t in hits}
+            # A table the body returns unchanged (``nnx.jit`` and ``nnx.remat``
+            # return the module's state) is the table itself outside.
+            passthrough = set()
+            for v, out in zip(body.outvars, eqn.outvars, strict=True):
+                if _is_var(v) and v in sub_tables:
+                    passthrough.add(v)
+                    if type(out) is Var:
+                        tables[out] = sub_tables[v]
+            sub = self.scope(body, sub_tables, lead, inner, passthrough=frozenset(passthrough))
             self._add(scope, i, (sub,))
         elif name == "cond":
             subs = []

@@ -189,16 +189,55 @@ def _row_ids(eqn: Any, invals: list[Any]) -> tuple[jax.Array, jax.Array]:
     return clamped, dropped
 
 
-def _read_rows(eqn: Any, table: jax.Array, read: jax.Array) -> jax.Array:
-    """The looked-up rows ``[n, D1..Dn]`` (the library's row gather: the native
-    kernel on CPU), the fill value where ``read`` is ``V``."""
-    rows = _rowops.gather_rows(table, read)
+@jax.tree_util.register_pytree_node_class
+class _CastTable:
+    """A table cast to other floating dtypes (``dtypes``, in order) that only
+    row lookups read: the rewrite reads the rows of ``table`` and casts them,
+    never the whole table. A pytree, so it passes through ``cond``, ``scan``
+    and ``checkpoint`` as the table would."""
+
+    def __init__(self, table: jax.Array, dtypes: tuple[Any, ...]):
+        self.table, self.dtypes = table, dtypes
+
+    def cast(self, x: jax.Array) -> jax.Array:
+        for dtype in self.dtypes:
+            x = x.astype(dtype)
+        return x
+
+    def tree_flatten(self):
+        return (self.table,), self.dtypes
+
+    @classmethod
+    def tree_unflatten(cls, dtypes, children):
+        return cls(children[0], dtypes)
+
+
+def _cast_table(x: Any, dtype: Any) -> _CastTable:
+    """``x`` (a table or a :class:`_CastTable`) cast to ``dtype`` as a view."""
+    if isinstance(x, _CastTable):
+        return _CastTable(x.table, (*x.dtypes, dtype))
+    return _CastTable(x, (dtype,))
+
+
+def _materialized(x: Any) -> Any:
+    """``x`` with a cast view evaluated (an auxiliary output may return it)."""
+    return x.cast(x.table) if isinstance(x, _CastTable) else x
+
+
+def _read_rows(eqn: Any, table: Any, read: jax.Array, z: jax.Array) -> jax.Array:
+    """The looked-up rows ``[n, D1..Dn]`` plus ``z`` (the library's row gather:
+    the native kernel on CPU), the fill value where ``read`` is ``V``. ``z``
+    is added in the table's own dtype, before the casts of a cast table, so
+    its cotangent goes back through them as ``jax.grad``'s does."""
+    view = table if isinstance(table, _CastTable) else _CastTable(table, ())
+    rows = _rowops.gather_rows(view.table, read)
+    rows = view.cast(rows + z.astype(rows.dtype))
     if eqn.primitive.name == "gather" and eqn.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
         fill = eqn.params["fill_value"]
         if fill is None:
             fill = np.nan
         if fill != 0:
-            missing = (read >= table.shape[0]).reshape((-1,) + (1,) * (rows.ndim - 1))
+            missing = (read >= view.table.shape[0]).reshape((-1,) + (1,) * (rows.ndim - 1))
             rows = jnp.where(missing, jnp.asarray(fill, rows.dtype), rows)
     return rows
 
@@ -243,11 +282,10 @@ def _evaluate(jaxpr, consts, args, scope, zs: dict, ids: dict) -> list[Any]:
         if i in scope.lookups:
             site = scope.lookups[i]
             rows_read, ids[site.number] = _row_ids(eqn, invals)
-            # (a cast table is the table uncast: the rows read are cast)
-            rows = _read_rows(eqn, invals[0], rows_read).astype(site.dtype)
-            outs = [_to_output(eqn, rows + zs[site.number].astype(rows.dtype))]
-        elif i in scope.casts:
-            outs = invals[:1]  # looked up only: no cast of the whole table
+            rows = _read_rows(eqn, invals[0], rows_read, zs[site.number])
+            outs = [_to_output(eqn, rows)]
+        elif i in scope.casts:  # looked up only: the rows read are cast, not the table
+            outs = [_cast_table(invals[0], eqn.params["new_dtype"])]
         elif i in scope.calls:
             outs = _nested(eqn, invals, scope.calls[i], zs, ids)
         else:
@@ -260,7 +298,7 @@ def _evaluate(jaxpr, consts, args, scope, zs: dict, ids: dict) -> list[Any]:
 def _typed(values: list[Any], like: list[Any]) -> list[Any]:
     """Values (literals among them) as arrays of their variables' dtypes."""
     return [
-        x if isinstance(x, jax.Array) else jnp.asarray(x, v.aval.dtype)
+        x if isinstance(x, jax.Array | _CastTable) else jnp.asarray(x, v.aval.dtype)
         for x, v in zip(values, like, strict=True)
     ]
 
@@ -384,8 +422,11 @@ def value_and_grad_flat(
     # Inside `shard_map` each z varies as its lookup's rows do: an invariant z
     # added to varying rows would be cast to varying, and the transpose of that
     # cast sums the cotangents of every device into each one.
+    # Each z has its table's dtype: it is added to the rows before any cast.
     zs = {
-        s.number: vary_over(jnp.zeros((*s.lead, s.n, *s.row_shape), s.dtype), s.varying)
+        s.number: vary_over(
+            jnp.zeros((*s.lead, s.n, *s.row_shape), tables[s.table].dtype), s.varying
+        )
         for s in scope.sites
     }
 
@@ -397,7 +438,7 @@ def value_and_grad_flat(
             args[i] = table
         ids: dict = {}
         outs = _evaluate(closed.jaxpr, closed.consts, args, scope, zs, ids)
-        out = jax.tree.unflatten(out_tree[0], outs)
+        out = jax.tree.unflatten(out_tree[0], [_materialized(x) for x in outs])
         if has_aux:
             return out[0], (out[1], ids)
         return out, (None, ids)

@@ -115,6 +115,32 @@ def test_the_gradient_is_rowsparse_for_the_table_and_dense_for_the_head():
     np.testing.assert_allclose(loss, dense_loss, rtol=1e-6)
 
 
+class TransformedForward(ClickModel):
+    """The forward pass inside an nnx transform, which returns the module's
+    state (the table among it) from its program."""
+
+    def __init__(self, *args, transform, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.transform = transform
+
+    def __call__(self, ids):
+        forward = self.transform(lambda m, x: m.linear(m.embed(x).sum(axis=1))[:, 0])
+        return forward(self, ids)
+
+
+@pytest.mark.parametrize("transform", ["remat", "jit"])
+def test_a_forward_pass_inside_an_nnx_transform_keeps_the_rowsparse_gradient(transform):
+    model = TransformedForward(V, D, rngs=nnx.Rngs(0), transform=getattr(nnx, transform))
+    ids, y = make_batches(1)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grads, _ = jsr.grad(loss_fn, has_aux=True, sparse="auto")(model, ids, y)
+    dense, _ = nnx.grad(loss_fn, has_aux=True)(model, ids, y)
+    g = grads.embed.embedding.get_value()
+    assert isinstance(g, jsr.RowSparse) and g.capacity == B * L
+    np.testing.assert_allclose(g.todense(), dense["embed"]["embedding"][...], rtol=1e-6, atol=1e-7)
+
+
 def test_lazy_sgd_trains_as_optax_sgd():
     batches = make_batches(4)
     lazy, _, lazy_losses = _train(ClickModel, lazy_step, jsr.optim.lazy_sgd(0.1), batches)

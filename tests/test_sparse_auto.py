@@ -602,6 +602,80 @@ def test_a_table_cast_to_another_float_dtype_then_looked_up(name, jit_mode):
     assert big_values(jaxpr, 10**8) == []
 
 
+CAST_CHAINS = {
+    # mixed precision: parameters cast to bfloat16, a layer computing in float32
+    "bf16_f32": lambda t: t.astype(jnp.bfloat16).astype(jnp.float32),
+    "f16_bf16": lambda t: t.astype(jnp.float16).astype(jnp.bfloat16),
+    "bf16": lambda t: t.astype(jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("chain", sorted(CAST_CHAINS))
+def test_the_rows_of_a_table_cast_several_times_are_rounded_by_every_cast(chain, jit_mode):
+    """The rows read go through each cast in turn, and the cotangents back
+    through them: with each id looked up once (no sums whose order could
+    differ) the value and the gradient are jax's bit for bit. A fill value
+    is given in the last dtype, as jax's gather of the cast table gives it."""
+    cast = CAST_CHAINS[chain]
+
+    def loss(t, i):
+        rows = jnp.take(cast(t), i, axis=0, mode="fill", fill_value=0.1)
+        return _reduce(rows * 3.3)
+
+    table, ids = _table((V, D)), jnp.asarray([1, 5, 15, 0, 11])
+    value, g = jit_mode(jsr.value_and_grad(loss, sparse="auto"))(table, ids)
+    dense_value, dense = jit_mode(jax.value_and_grad(loss))(table, ids)
+    assert isinstance(g, jsr.RowSparse) and g.dtype == jnp.float32
+    np.testing.assert_array_equal(value, dense_value)
+    np.testing.assert_array_equal(g.todense(), dense)
+
+
+def test_an_auxiliary_output_holding_the_cast_table_is_cast(jit_mode):
+    """A cast table that only lookups read in the loss, also returned as an
+    auxiliary output: the loss reads cast rows, and the output is the whole
+    cast table (the one use that evaluates the cast)."""
+
+    def loss(t, i):
+        e = t.astype(jnp.bfloat16).astype(jnp.float32)
+        return _reduce(e[i]), e
+
+    table, ids = _table((V, D)), jnp.asarray(IDS)
+    (value, aux), g = jit_mode(jsr.value_and_grad(loss, sparse="auto", has_aux=True))(table, ids)
+    (dense_value, dense_aux), dense = jit_mode(jax.value_and_grad(loss, has_aux=True))(table, ids)
+    assert isinstance(g, jsr.RowSparse)
+    assert aux.dtype == dense_aux.dtype == jnp.float32
+    np.testing.assert_array_equal(aux, dense_aux)
+    np.testing.assert_array_equal(value, dense_value)
+    _assert_matches(g, dense, jnp.bfloat16)  # repeats are summed before jax's bfloat16 rounding
+
+
+RETURNED_BY_A_CALL = {
+    "jit": lambda t, i: jax.jit(lambda a, b: (a, _reduce(a[b])))(t, i)[1],
+    "checkpoint": lambda t, i: jax.checkpoint(lambda a, b: (_reduce(a[b]), a))(t, i)[0],
+    "jit_then_lookup": lambda t, i: _reduce(jax.jit(lambda a: a)(t)[i]),
+    "cast_through_jit": lambda t, i: jax.jit(lambda a, b: (a, _reduce(a[b])))(
+        t.astype(jnp.bfloat16).astype(jnp.float32), i
+    )[1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RETURNED_BY_A_CALL))
+def test_a_table_a_nested_program_returns_unchanged_is_still_the_table(name, jit_mode):
+    """``nnx.jit`` and ``nnx.remat`` return the module's state from their
+    program: a table passed through unchanged is the table outside it, not
+    another use, so its gradient stays row-sparse."""
+    loss = RETURNED_BY_A_CALL[name]
+    table, ids = _table((V, D)), jnp.asarray(IDS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, g = jit_mode(jsr.value_and_grad(loss, sparse="auto"))(table, ids)
+    dense_value, dense = jit_mode(jax.value_and_grad(loss))(table, ids)
+    assert isinstance(g, jsr.RowSparse)
+    _assert_canonical(g, 8)
+    _assert_matches(g, dense, jnp.bfloat16 if "cast" in name else jnp.float32)
+    np.testing.assert_allclose(value, dense_value, rtol=1e-6)
+
+
 def test_a_cast_table_used_otherwise_keeps_the_dense_gradient():
     def loss(t, i):
         e = t.astype(jnp.bfloat16)
