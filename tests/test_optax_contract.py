@@ -519,6 +519,20 @@ def test_zero_nans_ignores_padding_and_handles_empty_capacity(jit_mode):
     assert u.capacity == 0 and not bool(s.found_nan)
 
 
+def test_zero_nans_passes_a_none_update_and_keeps_its_state_structure(jit_mode):
+    """A frozen parameter's update is None: it stays None, its flag stays a
+    bool (the structure ``init`` gives), and the other leaves are cleaned."""
+    params = {"emb": jnp.ones((4, 2)), "frozen": jnp.ones(2)}
+    tx = jsr.optim.zero_nans()
+    state = tx.init(params)
+    g = {"emb": jsr.RowSparse([[1.0, jnp.nan]], [1], shape=(4, 2)), "frozen": None}
+    u, new_state = jit_mode(tx.update)(g, state)
+    assert u["frozen"] is None
+    np.testing.assert_array_equal(np.asarray(u["emb"].data), [[1.0, 0.0]])
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+    assert bool(new_state.found_nan["emb"]) and not bool(new_state.found_nan["frozen"])
+
+
 def test_apply_if_finite_follows_optax_state_and_gives_up(jit_mode):
     """optax's rule: ignore up to ``max_consecutive_errors`` non-finite steps,
     then apply; the state's counters equal optax's on the dense gradient."""

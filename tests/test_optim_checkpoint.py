@@ -25,7 +25,11 @@ DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "optimizers.md"
 def as_restored_without_target(tree, namedtuple_as="dict"):
     """What a checkpointer without a target gives back: NamedTuples as dicts
     keyed by field name (or lists), tuples as lists, other nodes as dicts of
-    their named children, arrays as numpy."""
+    their named children, arrays as numpy, and other nodes without leaves
+    (exact SGD's static hyperparameters) as None."""
+    plain = type(tree) in (tuple, list, dict) or hasattr(type(tree), "_fields")
+    if not plain and not jax.tree.leaves(tree):
+        return None
     if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):
         kids = [as_restored_without_target(x, namedtuple_as) for x in tree]
         if namedtuple_as == "dict":

@@ -105,6 +105,10 @@ def _rebuild(where: str, target: Any, restored: Any) -> Any:
                 f"`restored{where}` must be None (as in `target`), got {_describe(restored)}."
             )
         return None
+    if _empty(restored) and not jax.tree.leaves(target):
+        # Nothing was saved for a node without arrays (exact SGD's static
+        # hyperparameters): the target's is the state's.
+        return target
     if _is_namedtuple(target):
         if not target._fields and _empty(restored):
             return target

@@ -63,6 +63,13 @@ def zero_nans() -> optax.GradientTransformation:
             return jnp.where(jnp.isnan(u), jnp.zeros_like(u), u), jnp.any(jnp.isnan(u))
 
         updates, found = map_updates(leaf, updates, n_out=2)
+        # A None update (a frozen parameter) finds no NaN; a flag keeps the
+        # state's structure that of `init`.
+        found = jax.tree.map(
+            lambda f: jnp.zeros([], jnp.bool_) if f is None else f,
+            found,
+            is_leaf=lambda x: x is None,
+        )
         return updates, ZeroNansState(found_nan=found)
 
     return optax.GradientTransformation(init_fn, update_fn)

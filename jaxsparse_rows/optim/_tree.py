@@ -121,7 +121,7 @@ def map_updates(
     ``others``). ``fn`` returns an ``n_out``-tuple; the result is a tuple of
     ``n_out`` trees with the structure of ``updates``. ``None`` update leaves
     are not passed to ``fn``: they give ``None`` in the first output and the
-    other trees' leaves unchanged in the rest.
+    other trees' leaves unchanged in the rest (``None`` past the last of them).
     """
     is_leaf = lambda x: x is None or isinstance(x, SparseArray)  # noqa: E731
     flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_leaf)
@@ -137,7 +137,7 @@ def map_updates(
     for i, (path, leaf) in enumerate(flat):
         rest = [fo[i] for fo in flat_others]
         if leaf is None:
-            outs.append((None, *rest[: n_out - 1]))
+            outs.append((None, *(*rest, *[None] * n_out)[: n_out - 1]))
         else:
             outs.append(tuple(fn(jax.tree_util.keystr(path), leaf, *rest)))
     return tuple(treedef.unflatten([o[j] for o in outs]) for j in range(n_out))
