@@ -60,23 +60,39 @@ def with_data(x: Any, data: jax.Array) -> Any:
     return CSR._make(data, x.indices, x.indptr, x.shape)
 
 
-def _finite_scalar(b: Any, *, nonzero: bool = False) -> bool:
-    """True when ``b`` is a concrete scalar known to keep zero padding at zero."""
+def _in_result_dtype(data: Any, b: Any) -> np.ndarray:
+    """``b`` as the op ``data (op) b`` computes with it: cast to the result's
+    floating dtype (65536.0 is inf in float16, 1e-8 is 0)."""
+    v = np.asarray(b)
+    dtype = jnp.result_type(data, b)
+    if jnp.issubdtype(dtype, jnp.floating) and v.dtype.kind != "c":
+        with np.errstate(over="ignore", under="ignore"):
+            v = v.astype(dtype)
+    return v
+
+
+def _finite_scalar(b: Any, data: Any, *, nonzero: bool = False) -> bool:
+    """True when ``b`` is a concrete scalar known to keep zero padding at zero
+    in ``data * b`` (``data / b`` with ``nonzero``), in the dtype the op
+    computes in."""
     if isinstance(b, jax.core.Tracer):
         return False
-    v = np.asarray(b)
+    v = _in_result_dtype(data, b)
     ok = v.dtype.kind not in "fc" and v.dtype.name != "bfloat16" or bool(np.isfinite(v))
     return ok and (not nonzero or bool(np.all(v != 0)))
 
 
-def _positive_scalar(p: Any) -> bool:
-    """True for a real Python or numpy scalar > 0: then ``0 ** p == 0`` and
-    ``x ** p`` keeps the storage type. A JAX scalar is not taken: it is traced
-    under jit, so the result's type would differ between eager and jit."""
+def _positive_scalar(p: Any, data: Any) -> bool:
+    """True for a real Python or numpy scalar that is > 0 in the dtype
+    ``data ** p`` computes in: then ``0 ** p == 0`` and ``x ** p`` keeps the
+    storage type. A JAX scalar is not taken: it is traced under jit, so the
+    result's type would differ between eager and jit."""
     if not _is_scalar(p) or isinstance(p, jax.Array | bool | complex):
         return False
     v = np.asarray(p)
-    return (v.dtype.kind in "iuf" or v.dtype.name == "bfloat16") and bool(v > 0)
+    if not (v.dtype.kind in "iuf" or v.dtype.name == "bfloat16"):
+        return False
+    return bool(_in_result_dtype(data, p) > 0)
 
 
 def with_data_masked(x: Any, data: jax.Array) -> Any:
@@ -195,7 +211,7 @@ def power(x: Any, p: Any) -> Any:
       >>> (jsr.row_sparse_array(([[2., 3.]], [0]), shape=(2, 2)) ** 2).data
       Array([[4., 9.]], dtype=float32)
     """
-    if is_sparse(x) and _positive_scalar(p):
+    if is_sparse(x) and _positive_scalar(p, x.data):
         log_inference("power", (stype(x), "scalar"), stype(x))
         return with_data(x, x.data**p)
     return apply_dense(jnp.power, x, p)
@@ -218,7 +234,7 @@ def multiply(a: Any, b: Any) -> Any:
         a, b, sa, sb = b, a, sb, sa
     if _is_scalar(b):  # data only: leaves stacked by jax.vmap are fine
         log_inference("multiply", (sa, "scalar"), sa)
-        if _finite_scalar(b):
+        if _finite_scalar(b, a.data):
             return with_data(a, a.data * b)
         return with_data_masked(a, a.data * b)
     check_unbatched_args("multiply", a, b)
@@ -247,7 +263,7 @@ def divide(a: Any, b: Any) -> Any:
     """
     if is_sparse(a) and _is_scalar(b):
         log_inference("divide", (stype(a), "scalar"), stype(a))
-        if _finite_scalar(b, nonzero=True):
+        if _finite_scalar(b, a.data, nonzero=True):
             return with_data(a, a.data / b)
         return with_data_masked(a, a.data / b)
     if not is_sparse(a) and not is_sparse(b):
