@@ -23,7 +23,7 @@ from ._arraybase import (
 )
 from ._dtypes import index_dtype
 from ._limits import check_table_rows
-from ._rowops import fit_ids
+from ._rowops import fit_ids, sum_repeats
 from ._rowsparse import (
     JnpRefusal,
     as_index_array,
@@ -521,11 +521,7 @@ def csr_matrix(arg: Any, shape: Sequence[int] | None = None, dtype: Any = None) 
     inverse = np.empty(len(order), np.int64)
     inverse[order] = np.cumsum(start) - 1
     new_rows, new_cols = rows_s[start], cols_s[start]
-    if isinstance(vals, np.ndarray):
-        summed = np.zeros(len(new_rows), vals.dtype)
-        np.add.at(summed, inverse, vals)
-    else:  # traced values: the same sum of duplicates, as a segment sum
-        summed = jax.ops.segment_sum(vals, inverse, num_segments=len(new_rows))
+    summed = sum_repeats(vals, inverse, len(new_rows))
     idt = index_dtype()
     new_ptr = np.zeros(shape[0] + 1, idt)
     np.cumsum(np.bincount(new_rows, minlength=shape[0]), out=new_ptr[1:])

@@ -138,6 +138,24 @@ def sum_rows_xla(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = 
     )
 
 
+def sum_repeats(values: Any, inverse: np.ndarray, n: int) -> Any:
+    """``values`` (``[k, ...]``) summed into ``n`` slots by ``inverse`` (a
+    host array of slot ids in ``[0, n)``), as the constructors merge repeated
+    ids: in numpy for host values (no compilation per shape), else in XLA ops.
+    Like the library's other sums, float16 and bfloat16 accumulate in float32
+    and round once, and bools combine by logical or."""
+    dtype = jnp.dtype(values.dtype)
+    if isinstance(values, np.ndarray):
+        acc = accumulation_dtype(dtype)
+        out = np.zeros((n,) + values.shape[1:], acc)
+        np.add.at(out, inverse, values.astype(acc))  # (numpy's bool add is logical or)
+        return out.astype(dtype)
+    ids = jnp.asarray(inverse.astype(index_dtype()))
+    if dtype == jnp.bool_:
+        return sum_rows_xla(values.astype(jnp.int32), ids, n) != 0
+    return sum_rows_xla(values.astype(accumulation_dtype(dtype)), ids, n).astype(dtype)
+
+
 def scatter_rows_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
     """``table.at[ids].set(rows)`` (``.add`` with ``add``) in XLA ops at sorted
     unique ``ids``; ids outside ``[0, N)`` (padding) dropped."""
@@ -444,7 +462,9 @@ def coalesce_rows(
 
     Returns ``(indices, data, count)`` where ``count`` is the number of distinct
     valid ids, for the caller's overflow check. Rows whose id is out of
-    ``[0, n_rows)`` (padding) are dropped.
+    ``[0, n_rows)`` (padding) are dropped. Bool rows combine by logical or.
     """
     uniq, count, slots = unique_with_slots(ids, n_rows, capacity)
+    if data.dtype == jnp.bool_:
+        return uniq, sum_rows(data.astype(jnp.int32), slots, capacity) != 0, count
     return uniq, sum_rows(data, slots, capacity), count

@@ -32,7 +32,7 @@ from ._arraybase import (
 )
 from ._dtypes import index_dtype
 from ._limits import check_table_rows
-from ._rowops import gather_rows_xla, scatter_rows_xla, sum_rows_xla, zeros_rows
+from ._rowops import gather_rows_xla, scatter_rows_xla, sum_repeats, zeros_rows
 
 
 def jnp_refusal(name: str) -> str:
@@ -583,14 +583,9 @@ def row_sparse_array(
         return RowSparse(data, idx, shape)
     # Canonicalise: sort and sum duplicates (data may be traced; the ids are known).
     uniq, inverse = np.unique(idx_np, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if is_concrete(data):  # host-side: no compilation for every new shape
-        summed = np.zeros((len(uniq),) + tuple(data.shape[1:]), data.dtype)
-        np.add.at(summed, inverse, np.asarray(data))
-        return RowSparse(jnp.asarray(summed), jnp.asarray(uniq.astype(index_dtype())), shape)
-    ids = jnp.asarray(inverse.reshape(-1).astype(index_dtype()))
-    summed = sum_rows_xla(data, ids, len(uniq))
-    return RowSparse(summed.astype(data.dtype), jnp.asarray(uniq.astype(index_dtype())), shape)
+    values = np.asarray(data) if is_concrete(data) else data  # host: no compilation per shape
+    summed = sum_repeats(values, inverse.reshape(-1), len(uniq))
+    return RowSparse(jnp.asarray(summed), jnp.asarray(uniq.astype(index_dtype())), shape)
 
 
 def mask_padding(data: jax.Array, indices: jax.Array, n_rows: int) -> jax.Array:

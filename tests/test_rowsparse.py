@@ -10,6 +10,7 @@ import pytest
 from draw import random_rowsparse
 from hypothesis import given, settings
 from jax.experimental import checkify
+from jax.experimental import sparse as jsparse
 
 import jaxsparse_rows as jsr
 from jaxsparse_rows import testing as jsrt
@@ -429,3 +430,28 @@ def test_shape_only_constructors_build_empty_arrays(dtype):
         jsr.row_sparse_array((4, 2), shape=(3, 2))
     with pytest.raises(ValueError, match=r"`shape` \(3, 2\) does not match"):
         jsr.csr_matrix((4, 2), shape=(3, 2))
+
+
+REPEATS = 600  # past 256, where a bfloat16 running sum of ones stops
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda v: jsr.row_sparse_array((v, [1] * REPEATS), shape=(3,)),
+        lambda v: jsr.csr_matrix((v, [1] * REPEATS, [0, 0, REPEATS]), shape=(2, 3)),
+        lambda v: jsr.from_bcoo(
+            jsparse.BCOO((v[:, None], jnp.ones((REPEATS, 1), jnp.int32)), shape=(3, 1))
+        ),
+    ],
+    ids=["row_sparse_array", "csr_matrix", "from_bcoo"],
+)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.bool_])
+def test_constructors_sum_repeated_ids_as_the_other_sums_do(build, dtype, jit_mode):
+    """Repeats of one id merge like ``jnp.sum``: half precision accumulates in
+    float32 and rounds once (600 ones give 600, not 256), bools combine by
+    logical or; host values and traced ones give the same."""
+    values = jnp.asarray(np.arange(REPEATS) % 2 == 0, dtype)
+    got = np.asarray(jit_mode(lambda v: build(v).todense())(values), np.float32)
+    want = jnp.sum(values.astype(jnp.float32)).astype(dtype)  # one rounding
+    assert got.sum() == np.float32(want) and np.count_nonzero(got) == 1
