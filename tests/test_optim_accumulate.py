@@ -202,3 +202,33 @@ def test_works_in_scan_and_as_a_gradient_transformation():
     (p, _), _ = jax.lax.scan(body, (_params(), tx.init(_params())), xs)
     q, _, _ = _run(opt, grads, jit=True)
     np.testing.assert_allclose(np.asarray(p["emb"]), np.asarray(q["emb"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("grad_ids", [jnp.int32, "default"])
+def test_the_accumulator_keeps_its_id_dtype_so_a_scan_carries_the_state(x64, grad_ids):
+    """The accumulator's row ids are the library's index dtype (int64 with
+    ``jax_enable_x64``, as ``jsr.grad`` and ``pull_rows`` give) and stay so
+    whatever the gradient's ids are: the state is a valid ``lax.scan`` carry
+    and a jitted step compiles once."""
+    with jax.enable_x64(x64):
+        p = jnp.ones((10, 2))
+        ids = jnp.array([1, 2])
+        g = jsr.grad(lambda v: jnp.sum(jsr.take(v, ids) ** 2))(jsr.pull_rows(p, ids))
+        if grad_ids != "default":
+            g = jsr.RowSparse._make(g.data, g.indices.astype(grad_ids), g.shape)
+        ms = jsr.optim.MultiSteps(jsr.optim.lazy_adam(0.1), 2, capacity=8)
+        s0 = ms.init(p)
+        _, s1 = ms.update(g, s0, p)
+        assert s1.acc_grads.indices.dtype == s0.acc_grads.indices.dtype
+        assert s0.acc_grads.indices.dtype == (jnp.int64 if x64 else jnp.int32)
+
+        def body(s, _):
+            return ms.update(g, s, p)[1], None
+
+        s3, _ = jax.lax.scan(body, s0, None, length=3)
+        step = jax.jit(ms.update)
+        for _ in range(3):
+            s0 = step(g, s0, p)[1]
+        assert step._cache_size() == 1
+        np.testing.assert_array_equal(s3.acc_grads.data, s0.acc_grads.data)

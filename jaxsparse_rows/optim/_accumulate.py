@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._dtypes import index_dtype
 from ._hparams import check_transformation, describe
 from ._tree import (
     RowSparse,
@@ -51,7 +52,7 @@ def _empty_rows(param: Any, capacity: int) -> RowSparse:
     dtype = jnp.result_type(param)
     return RowSparse._make(
         jnp.zeros((capacity, *shape[1:]), dtype),
-        jnp.full((capacity,), shape[0], jnp.int32),
+        jnp.full((capacity,), shape[0], index_dtype()),
         shape,
     )
 
@@ -240,7 +241,9 @@ class MultiSteps:
                         "always suffices). Under `jax.jit` such a window's update is skipped "
                         "and counted in `state.skipped`."
                     )
-                kept = RowSparse._make(total.data[:cap], total.indices[:cap], acc.shape)
+                # the accumulator's id dtype, whatever the gradient's: the state keeps its type
+                ids = total.indices[:cap].astype(acc.indices.dtype)
+                kept = RowSparse._make(total.data[:cap], ids, acc.shape)
                 return kept, over
             if is_rowsparse(g):
                 raise TypeError(
