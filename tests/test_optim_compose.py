@@ -429,6 +429,19 @@ def test_float0_row_ids_from_jax_grad_are_refused(name):
         opt.update({"emb": g}, opt.init({"emb": w}), {"emb": w})
 
 
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_a_float0_gradient_of_an_integer_parameter_is_refused_naming_none_and_masked(name):
+    """``jax.grad(..., allow_int=True)`` gives float0 for an integer input:
+    there is nothing to apply, so the message says to pass None or mask it
+    (casting it, as for an integer gradient, would not help)."""
+    params = {"emb": jnp.ones((5, 2)), "step": jnp.zeros((), jnp.int32)}
+    g = jax.grad(lambda p: jnp.sum(p["emb"] ** 2), allow_int=True)(params)
+    assert g["step"].dtype == jax.dtypes.float0
+    opt = OPTS[name]()
+    with pytest.raises(TypeError, match=r"`params\['step'\]` is float0.*None.*optax\.masked"):
+        opt.update(g, opt.init(params), params)
+
+
 def test_nonfinite_gradient_rows_stay_local():
     # Documented behaviour: NaN in a listed row poisons that row (weights and
     # state) only; other rows are untouched.

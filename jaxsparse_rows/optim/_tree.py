@@ -166,6 +166,13 @@ def check_inexact(path: str, grad: Any) -> None:
     """Refuses integer and bool gradients: the learning rate and the rules'
     arithmetic would be cast to their dtype (``0.5`` to ``0``, ``-0.5`` to ``True``)."""
     dtype = grad.dtype if is_rowsparse(grad) else jnp.result_type(grad)
+    if dtype == jax.dtypes.float0:
+        raise TypeError(
+            f"the gradient for `{path_name(path)}` is float0: `jax.grad(..., allow_int=True)` "
+            "gives it for an integer input, which has no gradient to apply. Give that leaf "
+            "None in the gradients, or leave it out of the optimizer with `optax.masked` "
+            "(or `jsr.optim.masked`)."
+        )
     if not jnp.issubdtype(dtype, jnp.inexact):
         raise TypeError(
             f"the gradient for `{path_name(path)}` has dtype {dtype}, but gradients must be "
