@@ -10,6 +10,9 @@ A *lookup* of a table ``[V, D1..Dn]`` is one of
   ``jnp.take(table, ids, axis=0)``, equinox's ``Embedding`` ``weight[x]``);
 - a ``dynamic_slice`` with slice sizes ``(1, D1..Dn)``: ``x[i]`` for a traced
   scalar ``i``, ``lax.dynamic_index_in_dim(x, i)``;
+- the library's own row gather (a ``jsr_kernel_call`` of
+  ``_rowops.gather_rows_xla``): ``jsr.take`` and ``jsr.embedding_bag`` on a
+  dense table;
 
 either of the table itself or of the table cast to another floating dtype
 (``convert_element_type``: flax's ``Embed(dtype=jnp.bfloat16)`` over a
@@ -36,6 +39,8 @@ from typing import Any
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
+from ._kernel_call import kernel_call_p
+from ._rowops import gather_rows_xla
 from ._vma import varying_axes
 
 # Programs whose body is evaluated once, in place, with the equation's inputs.
@@ -131,6 +136,15 @@ def call_body(eqn: Any) -> tuple[Jaxpr, list[Any]]:
     return _body(params["jaxpr"] if "jaxpr" in params else params["call_jaxpr"])
 
 
+def is_row_gather_call(eqn: Any) -> bool:
+    """Whether ``eqn`` is the library's row gather (``gather_rows``: ids
+    outside ``[0, V)`` read zeros and get no gradient)."""
+    return eqn.primitive is kernel_call_p and eqn.params["xla"] is gather_rows_xla
+
+
+LOOKUP_PRIMITIVES = ("gather", "dynamic_slice", kernel_call_p.name)
+
+
 def row_lookup_size(eqn: Any) -> int | None:
     """The number of row ids ``eqn`` looks up from its first operand when it is
     a whole-row lookup along axis 0 (see the module docstring), else None."""
@@ -138,6 +152,8 @@ def row_lookup_size(eqn: Any) -> int | None:
     shape = tuple(getattr(aval, "shape", ()))
     if len(shape) < 1 or not jnp.issubdtype(aval.dtype, jnp.floating):
         return None
+    if is_row_gather_call(eqn):
+        return math.prod(eqn.invars[1].aval.shape)
     whole_rows = tuple(eqn.params.get("slice_sizes", ())) == (1, *shape[1:])
     name = eqn.primitive.name
     if name == "dynamic_slice":
@@ -227,7 +243,7 @@ class _Walk:
         name = eqn.primitive.name
         label = f"{name}({eqn.params['name']})" if isinstance(eqn.params.get("name"), str) else name
         inner = (*containers, label)
-        if name in ("gather", "dynamic_slice"):
+        if name in LOOKUP_PRIMITIVES and (name != kernel_call_p.name or is_row_gather_call(eqn)):
             n = row_lookup_size(eqn)
             for p, t in hits:
                 if p == 0 and n is not None:

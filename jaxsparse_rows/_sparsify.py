@@ -163,6 +163,11 @@ def _row_ids(eqn: Any, invals: list[Any]) -> tuple[jax.Array, jax.Array]:
     (``V``, dropped, where it gets none). One id per looked-up row."""
     n_rows = eqn.invars[0].aval.shape[0]
     idt = _dtypes.index_dtype()
+    if _lookups.is_row_gather_call(eqn):  # ids out of range read zeros, get no gradient
+        row = jnp.asarray(invals[1]).reshape(-1)
+        valid = (row >= 0) & (row < n_rows)
+        dropped = jnp.where(valid, row, n_rows).astype(idt)
+        return dropped, dropped
     if eqn.primitive.name == "dynamic_slice":
         # starts are clamped into [0, V - 1], for the read and for the gradient
         row = jnp.clip(jnp.asarray(invals[1]).reshape(1), 0, n_rows - 1).astype(idt)
@@ -245,7 +250,7 @@ def _read_rows(eqn: Any, table: Any, read: jax.Array, z: jax.Array) -> jax.Array
 def _to_output(eqn: Any, z: jax.Array) -> jax.Array:
     """``z`` (``[n, D1..Dn]``, one row per looked-up id) laid out as the lookup's output."""
     out_shape = tuple(eqn.outvars[0].aval.shape)
-    if eqn.primitive.name == "dynamic_slice":
+    if eqn.primitive.name != "gather":
         return z.reshape(out_shape)
     dn = eqn.params["dimension_numbers"]
     slice_sizes = eqn.params["slice_sizes"]

@@ -676,6 +676,37 @@ def test_a_table_a_nested_program_returns_unchanged_is_still_the_table(name, jit
     np.testing.assert_allclose(value, dense_value, rtol=1e-6)
 
 
+LIBRARY_LOOKUPS = {
+    "take": lambda t, i: _reduce(jsr.take(t, i.reshape(2, 4))),
+    "embedding_bag_mean": lambda t, i: _reduce(jsr.embedding_bag(t, i.reshape(2, 4))),
+    "embedding_bag_max": lambda t, i: _reduce(jsr.embedding_bag(t, i.reshape(4, 2), mode="max")),
+    "take_of_cast": lambda t, i: _reduce(jsr.take(t.astype(jnp.bfloat16), i)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY_LOOKUPS))
+def test_the_librarys_own_lookups_of_a_dense_table_are_lookups(name, jit_mode):
+    """``jsr.take`` and ``jsr.embedding_bag`` on a dense table (the library's
+    row gather, not a ``gather`` equation) are rewritten like ``x[ids]``:
+    a RowSparse gradient equal to jax's, the padding id ``V`` reading zeros
+    and getting none, and nothing table-sized."""
+    loss = LIBRARY_LOOKUPS[name]
+    table, ids = _table((V, D)), jnp.asarray(np.where(IDS < 0, V, IDS % (V + 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, g = jit_mode(jsr.value_and_grad(loss, sparse=True))(table, ids)
+    dense_value, dense = jit_mode(jax.value_and_grad(loss))(table, ids)
+    assert isinstance(g, jsr.RowSparse)
+    _assert_canonical(g, 8)
+    _assert_matches(g, dense, jnp.bfloat16 if "cast" in name else jnp.float32)
+    np.testing.assert_allclose(value, dense_value, rtol=1e-6)
+    big = jax.ShapeDtypeStruct((10**8, 16), jnp.float32)
+    jaxpr = jax.make_jaxpr(jsr.grad(loss, sparse="auto"))(
+        big, jax.ShapeDtypeStruct((8,), jnp.int32)
+    )
+    assert big_values(jaxpr, 10**8) == []
+
+
 def test_a_cast_table_used_otherwise_keeps_the_dense_gradient():
     def loss(t, i):
         e = t.astype(jnp.bfloat16)
