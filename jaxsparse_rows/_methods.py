@@ -40,9 +40,16 @@ def _dense_op(name: str, a: Any, b: Any) -> Any:
 
 
 def _binary(fn: Callable, reflected: bool = False) -> Callable:
-    if reflected:
-        return lambda self, other: fn(other, self)
-    return lambda self, other: fn(self, other)
+    """An operator computed by ``fn``; ``NotImplemented`` for a non-array
+    operand (``x * None``, ``x + "a"``), so Python raises its usual
+    ``TypeError: unsupported operand type(s)``."""
+
+    def op(self: Any, other: Any) -> Any:
+        if not _is_operand(other):
+            return NotImplemented
+        return fn(other, self) if reflected else fn(self, other)
+
+    return op
 
 
 def _dense_binary(name: str, reflected: bool = False) -> Callable:

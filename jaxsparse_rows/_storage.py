@@ -87,6 +87,12 @@ def zeros(stype: str, shape: Sequence[int], dtype: Any = jnp.float32, *, capacit
     """
     stype = _check_stype(stype)
     capacity = check_static_int(capacity, "capacity")
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"`dtype` must be a dtype (e.g. jnp.float32 or 'bfloat16'), got {dtype!r}."
+        ) from None
     if stype == "row_sparse":
         out = empty_rowsparse(shape, dtype)
         return out.with_capacity(capacity) if capacity else out

@@ -5,6 +5,7 @@ jit, against a dense numpy oracle."""
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 
 import jax
@@ -669,3 +670,19 @@ def test_equality_with_non_arrays_is_identity():
     r = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
     assert (r == jax.ShapeDtypeStruct((3, 2), jnp.float32)) is False
     assert (r == "r") is False and (r != "r") is True
+
+
+@pytest.mark.parametrize("other", [None, "a", object()], ids=["None", "str", "object"])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "truediv", "matmul"])
+@pytest.mark.parametrize("fmt", ["row_sparse", "csr"])
+def test_a_non_array_operand_gets_pythons_operator_error(fmt, op, other):
+    """``x * None`` raises Python's ``unsupported operand type(s)`` naming both
+    types, either way round, instead of an error from inside jax.numpy."""
+    x = jsr.row_sparse_array(([[1.0, 2.0]], [1]), shape=(3, 2))
+    x = x if fmt == "row_sparse" else x.tostype("csr")
+    fn = getattr(operator, op)
+    # (`"a" + x` and `"a" * x` get str's own message first)
+    python = r"unsupported operand type|can only concatenate str|can't multiply sequence"
+    for a, b in ((x, other), (other, x)):
+        with pytest.raises(TypeError, match=python):
+            fn(a, b)

@@ -153,6 +153,9 @@ def test_zeros_with_a_capacity_is_all_padding():
     assert c.nse == 2 and not np.asarray(c.todense()).any()
     with pytest.raises(ValueError, match="`capacity` applies to sparse storage"):
         jsr.zeros("default", (2,), capacity=1)
+    for stype in ("row_sparse", "csr", "default"):
+        with pytest.raises(TypeError, match=r"`dtype` must be a dtype .*got 'foo'"):
+            jsr.zeros(stype, (3, 2), dtype="foo")
 
 
 @pytest.mark.parametrize("jit", [False, True])
