@@ -74,9 +74,12 @@ def _bool(self: Any) -> bool:
     )
 
 
-def _sum(self: Any, axis: int | None = None, keepdims: bool = False) -> Any:
+def _sum(
+    self: Any, axis: int | None = None, keepdims: bool = False, dtype: Any = None, out: Any = None
+) -> Any:
     """``jsr.sum(self, axis, keepdims)``: the sum of all entries, or along
     ``axis``, as a dense array (``jnp.sum`` does not take sparse arrays).
+    ``dtype`` casts the sum; ``out`` (which ``np.sum`` passes) must be None.
 
     Example:
       >>> import jaxsparse_rows as jsr
@@ -84,7 +87,10 @@ def _sum(self: Any, axis: int | None = None, keepdims: bool = False) -> Any:
       >>> x.sum(), x.sum(axis=1)
       (Array(10., dtype=float32), Array([3., 0., 7.], dtype=float32))
     """
-    return _reductions.sum(self, axis=axis, keepdims=keepdims)
+    if out is not None:
+        raise TypeError("`out` is not supported: JAX arrays are immutable; use the result.")
+    total = _reductions.sum(self, axis=axis, keepdims=keepdims)
+    return total if dtype is None else total.astype(dtype)
 
 
 def _tostype(self: Any, stype: str) -> Any:

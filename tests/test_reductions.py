@@ -121,6 +121,21 @@ def test_square_sum(kind, case, jit_mode):
             np.testing.assert_array_equal(np.asarray(out.indices), np.asarray(x.indices))
 
 
+@pytest.mark.parametrize("fmt", ["row_sparse", "csr"])
+def test_numpys_sum_calls_the_method(fmt):
+    """``np.sum(x)`` calls ``x.sum(axis=..., dtype=..., out=...)``: it gives
+    the sum (in ``dtype`` when given) and refuses an ``out`` array."""
+    x = jsr.RowSparse([[1.0, 2.0], [3.0, 4.5]], [0, 2], shape=(3, 2))
+    x = x if fmt == "row_sparse" else x.tostype("csr")
+    dense = np.asarray(x.todense())
+    np.testing.assert_array_equal(np.sum(x), dense.sum())
+    np.testing.assert_array_equal(np.sum(x, axis=0), dense.sum(axis=0))
+    half = x.sum(dtype=jnp.float16)
+    assert half.dtype == jnp.float16 and float(half) == 10.5
+    with pytest.raises(TypeError, match="`out` is not supported"):
+        np.sum(x, out=np.zeros(()))
+
+
 def test_square_sum_dense_input():
     x = jnp.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(np.asarray(jsr.square_sum(x)), [[5.0], [50.0]])
