@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _dot, _elementwise, _interop, _reductions, _storage
 from ._arraybase import SparseArray
+from ._rowsparse import jnp_refusal
 
 
 def _is_operand(x: Any) -> bool:
@@ -104,6 +105,38 @@ def _to_scipy(self: Any):
     return _interop.to_scipy(self)
 
 
+# numpy ufuncs that are Python operators: `ndarray * x` reaches the sparse
+# operand as `np.multiply(ndarray, x)`, and is computed as the operator is.
+_UFUNC_OPERATORS = {
+    np.add: ("__add__", "__radd__"),
+    np.subtract: ("__sub__", "__rsub__"),
+    np.multiply: ("__mul__", "__rmul__"),
+    np.true_divide: ("__truediv__", "__rtruediv__"),
+    np.matmul: ("__matmul__", "__rmatmul__"),
+    np.power: ("__pow__", "__rpow__"),
+    np.floor_divide: ("__floordiv__", "__rfloordiv__"),
+    np.remainder: ("__mod__", "__rmod__"),
+    np.equal: ("__eq__", "__eq__"),
+    np.not_equal: ("__ne__", "__ne__"),
+    np.less: ("__lt__", "__gt__"),
+    np.less_equal: ("__le__", "__ge__"),
+    np.greater: ("__gt__", "__lt__"),
+    np.greater_equal: ("__ge__", "__le__"),
+}
+
+
+def _array_ufunc(self: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    """numpy's ufuncs: the binary operators as the Python operators compute
+    them (``np.ones((3, 2)) * x`` keeps the storage type); any other ufunc
+    refuses, as ``jax.numpy`` does, rather than densify a table silently."""
+    pair = _UFUNC_OPERATORS.get(ufunc)
+    if pair is not None and method == "__call__" and not kwargs and len(inputs) == 2:
+        a, b = inputs
+        return getattr(self, pair[0])(b) if a is self else getattr(self, pair[1])(a)
+    name = type(self).__name__
+    raise TypeError(jnp_refusal(name, f"numpy ufuncs such as `{ufunc.__name__}` do"))
+
+
 _METHODS = {
     "__neg__": _elementwise.negative,
     "__abs__": _elementwise.abs,
@@ -133,6 +166,7 @@ _METHODS = {
     "__mod__": _dense_binary("remainder"),
     "__rmod__": _dense_binary("remainder", reflected=True),
     "__bool__": _bool,
+    "__array_ufunc__": _array_ufunc,
     # Reductions and conversions (as numpy's and scipy.sparse's methods).
     "sum": _sum,
     "tostype": _tostype,

@@ -35,10 +35,10 @@ from ._limits import check_table_rows
 from ._rowops import gather_rows_xla, scatter_rows_xla, sum_repeats, zeros_rows
 
 
-def jnp_refusal(name: str) -> str:
-    """Why ``jax.numpy`` functions refuse a sparse array, and what to use."""
+def jnp_refusal(name: str, who: str = "jax.numpy functions do") -> str:
+    """Why ``jax.numpy`` functions (or ``who``) refuse a sparse array, and what to use."""
     return (
-        f"jax.numpy functions do not take a {name}: they would need its dense form, "
+        f"{who} not take a {name}: they would need its dense form, "
         f"which for a table of many rows is the [N, ...] array a {name} exists to avoid. "
         "Use jaxsparse_rows' ops, which keep the storage type or say what they build: "
         "`x.sum()` / `jsr.sum(x, axis)`, `jsr.norm(x)`, `jsr.square_sum(x)`, the "

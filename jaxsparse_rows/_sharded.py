@@ -163,7 +163,9 @@ def _exchange(
     idt = index_dtype()
     n_ids = ids.shape[0]
     limit = min(n_ids, local_rows)  # distinct ids one owner can be sent
-    cap = limit if capacity is None else check_static_int(capacity, "capacity")
+    # (a capacity of 0 would send no id: every lookup would read zeros)
+    least = 1 if n_ids else 0
+    cap = limit if capacity is None else check_static_int(capacity, "capacity", minimum=least)
     total = n * local_rows
     ids = ids.astype(idt)
     # Owner-major keys: owner * local_rows + the row within the owner's shard.
@@ -251,7 +253,8 @@ def sharded_take(
         <jaxsparse_rows.check_ids>` inside ``checkify``).
       axis_name: the mesh axis (or tuple of axes) the table's rows are
         sharded over.
-      capacity: distinct ids sent to each shard, a static int. The default,
+      capacity: distinct ids sent to each shard, a static int (at least 1
+        when there are ids). The default,
         ``min(ids.size, V / n)``, never overflows. With fewer, ids beyond
         ``capacity`` distinct ones of one shard (the largest of them) read
         zero rows and get no gradient: wrap the step with

@@ -686,3 +686,31 @@ def test_a_non_array_operand_gets_pythons_operator_error(fmt, op, other):
     for a, b in ((x, other), (other, x)):
         with pytest.raises(TypeError, match=python):
             fn(a, b)
+
+
+@pytest.mark.parametrize("fmt", ["row_sparse", "csr"])
+def test_numpy_ufuncs_are_the_operators_or_refuse(fmt):
+    """A numpy operand on the left reaches the sparse one as a numpy ufunc
+    (``np.multiply(ndarray, x)``): computed as the Python operator is, so the
+    storage type is kept and the values are the dense ones. Other ufuncs
+    (``np.exp``) refuse naming the library's ops instead of densifying
+    silently; ``np.asarray`` and ``np.sum`` still convert and sum."""
+    x = jsr.row_sparse_array(([[1.0, 2.0], [3.0, 4.0]], [0, 2]), shape=(3, 2))
+    x = x if fmt == "row_sparse" else x.tostype("csr")
+    w = np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2)
+    dense = np.asarray(x.todense())
+    for got, want in (
+        (w * x, w * dense),
+        (np.multiply(w, x), w * dense),
+        (np.multiply(x, w), dense * w),
+    ):
+        assert jsr.is_sparse(got) and got.stype == fmt
+        np.testing.assert_allclose(np.asarray(got.todense()), want)
+    np.testing.assert_allclose(np.asarray(w + x), w + dense)
+    np.testing.assert_allclose(np.asarray(w @ x.todense().T), w @ dense.T)
+    with pytest.warns(jsr.StorageFallbackWarning):
+        np.testing.assert_array_equal(np.asarray(w < x), w < dense)
+    with pytest.raises(TypeError, match=r"numpy ufuncs such as `exp` do not take.*jsr\.sqrt"):
+        np.exp(x)
+    np.testing.assert_array_equal(np.asarray(x), dense)
+    assert float(np.sum(x)) == dense.sum()

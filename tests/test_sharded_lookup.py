@@ -235,8 +235,9 @@ def test_row_sparse_gradient_of_a_huge_shard_has_no_table_sized_value(mesh):
     "kwargs, error, match",
     [
         ({"placement": "block"}, ValueError, r'`placement` must be "range" .* got \'block\''),
-        ({"capacity": -1}, ValueError, r"`capacity` must be an int >= 0, got -1"),
-        ({"capacity": 2.0}, TypeError, r"`capacity` must be an int >= 0, got float 2.0"),
+        ({"capacity": 0}, ValueError, r"`capacity` must be an int >= 1, got 0"),
+        ({"capacity": -1}, ValueError, r"`capacity` must be an int >= 1, got -1"),
+        ({"capacity": 2.0}, TypeError, r"`capacity` must be an int >= 1, got float 2.0"),
         ({"num_rows": 4}, ValueError, r"`num_rows` must be 6 for shards of 6 rows on 1 .* got 4"),
         ({"axis_name": "y"}, NameError, r"must run inside `jax.shard_map` .* 'y'"),
     ],
