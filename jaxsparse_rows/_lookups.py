@@ -59,7 +59,6 @@ class Site:
       n: the number of row ids one execution looks up.
       n_rows: ``V``, the table's row count.
       row_shape: ``(D1..Dn)`` of the table.
-      dtype: the dtype of the rows looked up (the table's, or its cast's).
       varying: the manual mesh axes its result varies over (inside
         ``jax.shard_map``; empty elsewhere).
     """
@@ -70,7 +69,6 @@ class Site:
     n: int
     n_rows: int
     row_shape: tuple[int, ...]
-    dtype: Any
     varying: frozenset = frozenset()
 
     @property
@@ -112,7 +110,7 @@ class Findings:
         self, table: int, lead: tuple[int, ...], n: int, aval: Any, varying: frozenset = frozenset()
     ) -> Site:
         shape = tuple(aval.shape)
-        s = Site(len(self.sites), table, lead, n, shape[0], shape[1:], aval.dtype, varying)
+        s = Site(len(self.sites), table, lead, n, shape[0], shape[1:], varying)
         self.sites.append(s)
         return s
 

@@ -141,19 +141,16 @@ def sum_rows_xla(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = 
 def sum_repeats(values: Any, inverse: np.ndarray, n: int) -> Any:
     """``values`` (``[k, ...]``) summed into ``n`` slots by ``inverse`` (a
     host array of slot ids in ``[0, n)``), as the constructors merge repeated
-    ids: in numpy for host values (no compilation per shape), else in XLA ops.
-    Like the library's other sums, float16 and bfloat16 accumulate in float32
-    and round once, and bools combine by logical or."""
+    ids: in numpy for host values (no compilation per shape), else with
+    :func:`sum_rows`. Like the library's other sums, float16 and bfloat16
+    accumulate in float32 and round once, and bools combine by logical or."""
     dtype = jnp.dtype(values.dtype)
     if isinstance(values, np.ndarray):
         acc = accumulation_dtype(dtype)
         out = np.zeros((n,) + values.shape[1:], acc)
         np.add.at(out, inverse, values.astype(acc))  # (numpy's bool add is logical or)
         return out.astype(dtype)
-    ids = jnp.asarray(inverse.astype(index_dtype()))
-    if dtype == jnp.bool_:
-        return sum_rows_xla(values.astype(jnp.int32), ids, n) != 0
-    return sum_rows_xla(values.astype(accumulation_dtype(dtype)), ids, n).astype(dtype)
+    return sum_rows(values, jnp.asarray(inverse.astype(index_dtype())), n)
 
 
 def scatter_rows_xla(table: jax.Array, ids: jax.Array, rows: jax.Array, add: bool) -> jax.Array:
@@ -214,9 +211,12 @@ def sum_rows(rows: jax.Array, ids: jax.Array, n: int, *, ids_sorted: bool = Fals
 
     float16 and bfloat16 rows are summed in float32 and rounded once, as
     ``jnp.sum`` sums them (a bfloat16 running sum of ones stops at 256): the
-    gradient of a lookup that repeats an id is the rounded sum of its rows."""
+    gradient of a lookup that repeats an id is the rounded sum of its rows.
+    Bool rows combine by logical or."""
     rows, ids = jnp.asarray(rows), jnp.asarray(ids)
     n, ids_sorted = int(n), bool(ids_sorted)
+    if rows.dtype == jnp.bool_:  # logical or, as numpy sums bools (XLA's scatter-add refuses bool)
+        return sum_rows(rows.astype(jnp.int32), ids, n, ids_sorted=ids_sorted) != 0
     acc = accumulation_dtype(rows.dtype)
     if acc == rows.dtype or rows.shape[0] < 2:  # (fewer than 2 rows: nothing to round)
         return _sum_rows(rows, ids, n, ids_sorted)
@@ -462,9 +462,7 @@ def coalesce_rows(
 
     Returns ``(indices, data, count)`` where ``count`` is the number of distinct
     valid ids, for the caller's overflow check. Rows whose id is out of
-    ``[0, n_rows)`` (padding) are dropped. Bool rows combine by logical or.
+    ``[0, n_rows)`` (padding) are dropped.
     """
     uniq, count, slots = unique_with_slots(ids, n_rows, capacity)
-    if data.dtype == jnp.bool_:
-        return uniq, sum_rows(data.astype(jnp.int32), slots, capacity) != 0, count
     return uniq, sum_rows(data, slots, capacity), count

@@ -110,8 +110,6 @@ def _rebuild(where: str, target: Any, restored: Any) -> Any:
         # hyperparameters): the target's is the state's.
         return target
     if _is_namedtuple(target):
-        if not target._fields and _empty(restored):
-            return target
         kids = _children(where, target._fields, restored, target)
         return type(target)(
             *(
@@ -120,8 +118,6 @@ def _rebuild(where: str, target: Any, restored: Any) -> Any:
             )
         )
     if isinstance(target, (list, tuple)):
-        if not target and _empty(restored):
-            return type(target)()
         kids = _children(where, range(len(target)), restored, target)
         return type(target)(
             _rebuild(f"{where}[{i}]", t, r)
